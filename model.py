@@ -1,0 +1,473 @@
+"""
+HRM-LM, the Transformer and the Universal Transformer (UniTF), in one file.
+
+Read it beside the paper ("Hierarchical vs. Flat Iteration in Shared-Weight
+Transformers") and ../shared/SPEC.md. The order below follows the paper:
+  1. the shared CausalAttnBlock (Eq. causal_attn), with RoPE and SwiGLU
+  2. the Fast module L_net (Eqs. concat, gate, content, lgate)
+  3. the Slow module H_net (section "Slow-Module Update")
+  4. the output fusion (section "Output Fusion")
+  5. HRM: input encoding, Algorithms 2 (forward) and 3 (one pass)
+  6. the baselines: Transformer (L independent blocks) and UniTF (one block, M times)
+  7. cached decoding (SPEC section 5), which the paper describes but never built
+"""
+
+import math
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ARCHS = ("hrm", "transformer", "unitf")
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "hrm"          # "hrm" | "transformer" | "unitf"
+    vocab_size: int = 50257    # GPT-2 BPE
+    block_size: int = 1024     # longest sequence (RoPE table and KV cache length)
+    n_embd: int = 4096         # d
+    n_head: int = 16
+    n_layer: int = 4           # transformer: L independent blocks
+    N: int = 4                 # hrm: Slow-module firings per pass
+    T: int = 3                 # hrm: Fast steps per Slow firing
+    M: Optional[int] = None    # steps per pass; hrm: always N*T (leave None); unitf: default 12
+    K: int = 2                 # hrm/unitf: gradient window, the last K of M steps (K >= M: full backprop)
+    S: int = 1                 # hrm: supervision passes
+    ent_lambda: float = 0.01   # hrm: weight of the fusion-entropy bonus (the paper gives no value; ours)
+    unitf_init_c: float = 2.0  # unitf: c in std = 0.02/sqrt(c*M*d/4096) (paper v4 uses 4)
+
+    def __post_init__(self):
+        def bad(field, why):
+            raise ValueError(f"ModelConfig.{field}: {why}")
+        if self.arch not in ARCHS:
+            bad("arch", f"unknown arch {self.arch!r}, expected one of {ARCHS}")
+        for f in ("vocab_size", "block_size", "n_embd", "n_head", "n_layer", "N", "T", "K", "S"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                bad(f, f"must be an integer >= 1, got {v!r}")
+        if self.n_embd % self.n_head:
+            bad("n_embd", f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if (self.n_embd // self.n_head) % 2:
+            bad("n_head", f"head_dim={self.n_embd // self.n_head} must be even for RoPE")
+        if self.arch == "hrm":
+            if self.M is not None and self.M != self.N * self.T:
+                bad("M", f"for hrm M is N*T={self.N * self.T}; got M={self.M} (leave it None)")
+            self.M = self.N * self.T
+        elif self.M is None:
+            self.M = 12
+        if not isinstance(self.M, int) or self.M < 1:
+            bad("M", f"must be an integer >= 1, got {self.M!r}")
+        if self.ent_lambda < 0:
+            bad("ent_lambda", f"must be >= 0, got {self.ent_lambda}")
+        if self.unitf_init_c <= 0:
+            bad("unitf_init_c", f"must be > 0, got {self.unitf_init_c}")
+
+
+MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig))
+
+
+# ---------------------------------------------------------------------------
+# 1. The shared block: CausalAttnBlock (Eq. causal_attn; SPEC section 1)
+#    a = MHSA_causal(x);  x' = RMSNorm(x + a);  x'' = RMSNorm(x' + SwiGLU(x'))
+# ---------------------------------------------------------------------------
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + 1e-5) * weight."""
+
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), self.eps)
+
+
+def rope_table(block_size, head_dim, base=10000.0):
+    """cos and sin for positions 0..block_size-1, shape (block_size, head_dim), rotate-half layout."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    ang = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq)
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate-half RoPE: pairs (first half, second half) of each head. x: (B, H, t, hd)."""
+    h = x.size(-1) // 2
+    rotated = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class KVCache:
+    """Preallocated keys and values, one slot per block *application* (SPEC section 5).
+
+    A shared-weight block sees a different input at every step, so every step writes
+    its own keys: slot `app` holds the keys and values of application number `app`.
+    `pos` is how many positions are already cached; the model advances it after a forward.
+    """
+
+    def __init__(self, n_apps, batch_size, n_head, max_len, head_dim, device, dtype):
+        shape = (n_apps, batch_size, n_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.pos = 0
+
+    def update(self, app, k, v):
+        """Write keys/values of positions pos..pos+t for one application, return all so far."""
+        t = k.size(2)
+        if self.pos + t > self.max_len:
+            raise ValueError(f"KV cache full: {self.pos} + {t} > {self.max_len}")
+        self.k[app, :, :, self.pos:self.pos + t] = k
+        self.v[app, :, :, self.pos:self.pos + t] = v
+        return self.k[app, :, :, :self.pos + t], self.v[app, :, :, :self.pos + t]
+
+    def nbytes(self):
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+
+class CausalSelfAttention(nn.Module):
+    """MHSA_causal with a fused W_qkv (split [q, k, v]), RoPE on q and k, scale 1/sqrt(head_dim)."""
+
+    def __init__(self, d, n_head):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x, rope, cache=None, app=0):
+        B, t, d = x.shape
+        hd = d // self.n_head
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(B, t, self.n_head, hd).transpose(1, 2) for z in (q, k, v))
+        pos = cache.pos if cache is not None else 0
+        cos, sin = (r[pos:pos + t].to(q.dtype) for r in rope)  # positions offset by the cache length
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is None or pos == 0:
+            if cache is not None:
+                cache.update(app, k.to(cache.k.dtype), v.to(cache.v.dtype))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            k, v = cache.update(app, k.to(cache.k.dtype), v.to(cache.v.dtype))
+            k, v = k.to(q.dtype), v.to(q.dtype)
+            # one new token sees every cached position; a chunk of t needs the offset causal mask
+            mask = None if t == 1 else torch.ones(t, pos + t, dtype=torch.bool, device=x.device).tril(pos)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(y.transpose(1, 2).reshape(B, t, d))
+
+
+class SwiGLU(nn.Module):
+    """SwiGLU(x) = (x W1 * silu(x W2)) W3, d_ff = 4d."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w1 = nn.Linear(d, 4 * d, bias=False)
+        self.w2 = nn.Linear(d, 4 * d, bias=False)
+        self.w3 = nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x):
+        return self.w3(self.w1(x) * F.silu(self.w2(x)))
+
+
+class CausalAttnBlock(nn.Module):
+    """Post-norm block, 16d^2 + 2d parameters (SPEC section 1; the paper's 14d^2 is a slip)."""
+
+    def __init__(self, d, n_head):
+        super().__init__()
+        self.attn = CausalSelfAttention(d, n_head)
+        self.norm1 = RMSNorm(d)
+        self.mlp = SwiGLU(d)
+        self.norm2 = RMSNorm(d)
+
+    def forward(self, x, rope, cache=None, app=0):
+        x = self.norm1(x + self.attn(x, rope, cache, app))   # x'
+        return self.norm2(x + self.mlp(x))                   # x''
+
+
+# ---------------------------------------------------------------------------
+# 2. The Fast module f_L (Eqs. concat, gate, content, lgate)
+#    c = RMSNorm([z_L; z_H; x~]);  g = sigmoid(c W_g^L);  h = Block(c W_in; theta_L)
+#    z_L <- g * z_L + (1 - g) * alpha * h W_out
+# 3. The Slow module f_H (section "Slow-Module Update"), the same gated form on
+#    c_H = RMSNorm([z_H; z_L]) -- no x~: tokens reach the Slow module only through z_L.
+# ---------------------------------------------------------------------------
+
+class GatedModule(nn.Module):
+    """One gated recurrent update: the Fast module (n_in=3) or the Slow module (n_in=2)."""
+
+    def __init__(self, d, n_head, n_in):
+        super().__init__()
+        self.norm = RMSNorm(n_in * d)
+        self.gate = nn.Linear(n_in * d, d, bias=False)      # W_g
+        self.proj_in = nn.Linear(n_in * d, d, bias=False)   # W_in
+        self.block = CausalAttnBlock(d, n_head)             # theta_L or theta_H, shared over steps
+        self.proj_out = nn.Linear(d, d, bias=False)         # W_out
+        self.alpha = nn.Parameter(torch.tensor(0.1))        # injection scale, learned
+
+    def forward(self, z, context, rope, cache=None, app=0):
+        """z: the state this module updates; context: [z; other sources] along the last dim."""
+        c = self.norm(torch.cat(context, dim=-1))
+        g = torch.sigmoid(self.gate(c))
+        h = self.block(self.proj_in(c), rope, cache, app)
+        return g * z + (1 - g) * self.alpha * self.proj_out(h)
+
+
+class FastModule(GatedModule):
+    """L_net: runs every step; context [z_L; z_H; x~] (Eq. concat)."""
+
+    def __init__(self, d, n_head):
+        super().__init__(d, n_head, n_in=3)
+
+    def forward(self, z_L, z_H, x_tilde, rope, cache=None, app=0):
+        return super().forward(z_L, (z_L, z_H, x_tilde), rope, cache, app)
+
+
+class SlowModule(GatedModule):
+    """H_net: fires when i % T == 0; context [z_H; z_L] with the z_L just computed."""
+
+    def __init__(self, d, n_head):
+        super().__init__(d, n_head, n_in=2)
+
+    def forward(self, z_H, z_L, rope, cache=None, app=0):
+        return super().forward(z_H, (z_H, z_L), rope, cache, app)
+
+
+# ---------------------------------------------------------------------------
+# 4. Output fusion (section "Output Fusion")
+#    w = softmax([h_H; h_L; h_I] W_og / tau);  h_out = w1 h_H + w2 h_L + w3 h_I
+# ---------------------------------------------------------------------------
+
+class OutputFusion(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm_H, self.norm_L, self.norm_I = RMSNorm(d), RMSNorm(d), RMSNorm(d)
+        self.gate = nn.Linear(3 * d, 3, bias=False)       # W_og
+        self.tau = nn.Parameter(torch.tensor(1.0))        # learned temperature
+        self.proj = nn.Linear(d, d, bias=False)           # before the tied logits (counted in P_out)
+
+    def forward(self, z_H, z_L, x_tilde):
+        h_H, h_L, h_I = self.norm_H(z_H), self.norm_L(z_L), self.norm_I(x_tilde)
+        w = torch.softmax(self.gate(torch.cat([h_H, h_L, h_I], dim=-1)) / self.tau, dim=-1)  # (B, n, 3)
+        out = w[..., 0:1] * h_H + w[..., 1:2] * h_L + w[..., 2:3] * h_I
+        return self.proj(out), w
+
+
+# ---------------------------------------------------------------------------
+# Shared by all three models: tied embedding, RoPE table, init, generation.
+# ---------------------------------------------------------------------------
+
+class LanguageModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        cos, sin = rope_table(config.block_size, config.n_embd // config.n_head)
+        self.register_buffer("rope_cos", cos, persistent=False)  # derived, not in the state_dict
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def rope(self):
+        return self.rope_cos, self.rope_sin
+
+    def _init_weights(self):
+        """N(0, 0.02) for every linear and embedding weight (SPEC section 4)."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    @staticmethod
+    def _init_shared_block(block, std):
+        """Blocks applied many times start smaller: N(0, std) for their matrices."""
+        for m in block.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, mean=0.0, std=std)
+
+    def num_params(self):
+        """Stored parameters; the tied output projection counts once."""
+        return sum(p.numel() for p in self.parameters())
+
+    def n_cache_apps(self):
+        """How many block applications one forward makes (= KV caches needed)."""
+        raise NotImplementedError
+
+    def kv_cache_bytes(self, seq_len, batch_size=1, dtype=torch.float32):
+        """Size of a full KV cache: 2 * applications * n * d * bytes per sequence (SPEC section 5)."""
+        nbytes = torch.tensor([], dtype=dtype).element_size()
+        return 2 * self.n_cache_apps() * seq_len * self.config.n_embd * nbytes * batch_size
+
+    def new_cache(self, batch_size, dtype=None):
+        """An empty preallocated cache of block_size positions for every application."""
+        c = self.config
+        if dtype is None:
+            dev = self.wte.weight.device.type
+            dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else self.wte.weight.dtype
+        return KVCache(self.n_cache_apps(), batch_size, c.n_head, c.block_size, c.n_embd // c.n_head,
+                       self.wte.weight.device, dtype)
+
+    def _loss(self, logits, targets):
+        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """Sample max_new_tokens after idx (B, t), as nanoGPT does; temperature=0 is greedy.
+
+        With use_cache, every block application decodes against its own preallocated cache
+        (RoPE offset by the cache length). When the context outgrows block_size it is cropped
+        to the last block_size tokens, which moves every position, so the cache is rebuilt
+        from the cropped context: from then on each token costs a full forward, and the
+        output stays identical to use_cache=False.
+        """
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        bs = self.config.block_size
+        cache = self.new_cache(idx.size(0)) if use_cache else None
+        next_input = idx[:, -bs:]          # what the next forward must process
+        for _ in range(max_new_tokens):
+            if cache is not None and cache.pos + next_input.size(1) > bs:
+                cache.pos = 0                  # rebuild from the cropped context
+                next_input = idx[:, -bs:]
+            logits, _ = self(next_input, cache=cache, last_only=True)
+            logits = logits[:, -1, :].float()
+            if temperature == 0:
+                idx_next = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+            next_input = idx_next if cache is not None else idx[:, -bs:]
+        return idx
+
+
+# ---------------------------------------------------------------------------
+# 5. HRM (SPEC section 2): input encoding, Algorithm 2 (forward), Algorithm 3 (one pass)
+# ---------------------------------------------------------------------------
+
+class HRM(LanguageModel):
+    def __init__(self, config):
+        super().__init__(config)
+        d, h = config.n_embd, config.n_head
+        self.input_block = CausalAttnBlock(d, h)   # theta_I, applied once
+        self.L_net = FastModule(d, h)              # theta_L, every step
+        self.H_net = SlowModule(d, h)              # theta_H, every T steps
+        self.fusion = OutputFusion(d)
+        # fixed prototypes z^0 ~ TN(0, 1, [-2, 2]): buffers, so saved but never trained
+        self.register_buffer("z_H0", torch.empty(d))
+        self.register_buffer("z_L0", torch.empty(d))
+        self.step_callback = None                  # optional f(i, fired, z_L, z_H_before, z_H_after), for analysis
+        self._init_weights()
+        self._init_shared_block(self.L_net.block, 0.02 / math.sqrt(config.M))
+        self._init_shared_block(self.H_net.block, 0.02 / math.sqrt(config.M))
+        nn.init.trunc_normal_(self.z_H0, mean=0.0, std=1.0, a=-2.0, b=2.0)
+        nn.init.trunc_normal_(self.z_L0, mean=0.0, std=1.0, a=-2.0, b=2.0)
+
+    def n_cache_apps(self):
+        c = self.config
+        return 1 + c.S * c.M + c.S * c.N
+
+    def one_pass(self, x_tilde, z_L, z_H, s=0, cache=None):
+        """Algorithm 3: M steps; steps 1..M-K without gradient (Loop 4a), the last K with (Loop 4b)."""
+        c = self.config
+        grad = torch.is_grad_enabled()
+        for i in range(1, c.M + 1):            # i counts from 1 in every pass
+            with torch.set_grad_enabled(grad and i > c.M - c.K):
+                z_L = self.L_net(z_L, z_H, x_tilde, self.rope, cache, app=1 + s * c.M + (i - 1))
+                fired = i % c.T == 0
+                z_H_before = z_H
+                if fired:                      # the Slow module sees the z_L just computed
+                    z_H = self.H_net(z_H, z_L, self.rope, cache, app=1 + c.S * c.M + s * c.N + i // c.T - 1)
+                if self.step_callback is not None:
+                    self.step_callback(i, fired, z_L, z_H_before, z_H)
+        return z_L, z_H
+
+    def forward(self, idx, targets=None, cache=None, last_only=False):
+        """Algorithm 2. Returns (logits of the last pass, loss averaged over the S passes)."""
+        c = self.config
+        x_tilde = self.input_block(self.wte(idx), self.rope, cache, app=0)   # computed once
+        B, n, d = x_tilde.shape
+        z_L = self.z_L0.to(x_tilde.dtype).expand(B, n, d)
+        z_H = self.z_H0.to(x_tilde.dtype).expand(B, n, d)
+        loss = None
+        for s in range(c.S):
+            z_L, z_H = self.one_pass(x_tilde, z_L, z_H, s, cache)
+            if targets is not None or s == c.S - 1:
+                out, w = self.fusion(z_H, z_L, x_tilde)
+                if last_only:
+                    out = out[:, -1:]
+                logits = out @ self.wte.weight.T                          # tied projection
+                if targets is not None:
+                    w_bar = w.float().mean(dim=(0, 1))                     # mean over batch and positions
+                    entropy = -(w_bar * torch.log(w_bar)).sum()
+                    L_s = self._loss(logits, targets) - c.ent_lambda * entropy
+                    loss = L_s / c.S if loss is None else loss + L_s / c.S
+            z_L, z_H = z_L.detach(), z_H.detach()                         # sg(): no gradient across passes
+        if cache is not None:
+            cache.pos += n
+        return logits, loss
+
+
+# ---------------------------------------------------------------------------
+# 6. Baselines (SPEC section 3)
+# ---------------------------------------------------------------------------
+
+class Transformer(LanguageModel):
+    """L independent post-norm blocks on the embedding, tied logits, no final norm."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.blocks = nn.ModuleList(CausalAttnBlock(config.n_embd, config.n_head) for _ in range(config.n_layer))
+        self._init_weights()
+
+    def n_cache_apps(self):
+        return self.config.n_layer
+
+    def forward(self, idx, targets=None, cache=None, last_only=False):
+        x = self.wte(idx)
+        for l, block in enumerate(self.blocks):
+            x = block(x, self.rope, cache, app=l)
+        if cache is not None:
+            cache.pos += idx.size(1)
+        if last_only:
+            x = x[:, -1:]
+        logits = x @ self.wte.weight.T
+        return logits, (self._loss(logits, targets) if targets is not None else None)
+
+
+class UniTF(LanguageModel):
+    """Flat iteration: one block applied M times to the embedding, the same last-K window."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        c = config
+        self.block = CausalAttnBlock(c.n_embd, c.n_head)
+        self._init_weights()
+        self._init_shared_block(self.block, 0.02 / math.sqrt(c.unitf_init_c * c.M * c.n_embd / 4096))
+
+    def n_cache_apps(self):
+        return self.config.M
+
+    def forward(self, idx, targets=None, cache=None, last_only=False):
+        c = self.config
+        x = self.wte(idx)
+        grad = torch.is_grad_enabled()
+        for i in range(1, c.M + 1):
+            with torch.set_grad_enabled(grad and i > c.M - c.K):
+                x = self.block(x, self.rope, cache, app=i - 1)
+        if cache is not None:
+            cache.pos += idx.size(1)
+        if last_only:
+            x = x[:, -1:]
+        logits = x @ self.wte.weight.T
+        return logits, (self._loss(logits, targets) if targets is not None else None)
+
+
+def build_model(config):
+    """The model for config.arch, initialised as SPEC section 4 says."""
+    return {"hrm": HRM, "transformer": Transformer, "unitf": UniTF}[config.arch](config)
