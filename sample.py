@@ -1,0 +1,97 @@
+"""
+Sample text from a checkpoint written by train.py.
+
+    python sample.py --out_dir=out-shakespeare-hrm --start="ROMEO:" --max_new_tokens=100
+    python sample.py --out_dir=out-shakespeare-hrm --temperature=0 --use_cache=False   # greedy, full recompute
+
+Decoding uses the per-application KV cache (model.py, SPEC section 5) unless --use_cache=False.
+"""
+
+import os
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+
+from configurator import configure
+from model import ModelConfig, build_model
+from prepare import get_tokenizer
+
+# -----------------------------------------------------------------------------
+init_from = "resume"         # "resume": the checkpoint in out_dir
+out_dir = "out"              # where train.py wrote ckpt.pt / ckpt_last.pt
+ckpt = "ckpt.pt"             # which checkpoint in out_dir: ckpt.pt (best val) or ckpt_last.pt (latest)
+start = "\n"                 # the prompt, or "FILE:path" to read it from a file
+num_samples = 3              # samples to draw
+max_new_tokens = 200         # tokens per sample
+temperature = 0.8            # 0 = greedy; < 1 sharper, > 1 more random
+top_k = 200                  # keep the top_k most likely tokens (0 = all)
+seed = 1337
+device = "auto"              # "auto", "cpu", "cuda", ...
+dtype = "auto"               # "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16", "float16"
+use_cache = True             # cached decoding; False re-runs the whole context for every token
+# -----------------------------------------------------------------------------
+configure(globals(), prog="sample.py")
+
+
+def fail(msg):
+    print(f"sample.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+if init_from != "resume":
+    fail(f"init_from must be 'resume' (a checkpoint in out_dir), got {init_from!r}")
+if temperature < 0:
+    fail(f"temperature must be >= 0, got {temperature}")
+if top_k < 0:
+    fail(f"top_k must be >= 1 (or 0 for no limit), got {top_k}")
+if num_samples < 1 or max_new_tokens < 0:
+    fail("num_samples must be >= 1 and max_new_tokens >= 0")
+if device == "auto":
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+device_type = "cuda" if device.startswith("cuda") else "cpu"
+if device_type == "cuda" and not torch.cuda.is_available():
+    fail(f"device={device!r} but CUDA is not available")
+if dtype == "auto":
+    dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+if dtype not in ("float32", "bfloat16", "float16"):
+    fail(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+
+path = os.path.join(out_dir, ckpt)
+if not os.path.exists(path):
+    fail(f"no checkpoint at {path}; train one first (python train.py config/shakespeare_hrm.py)")
+try:
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    model = build_model(ModelConfig(**checkpoint["model_args"]))
+    model.load_state_dict(checkpoint["model"])
+except Exception as e:
+    fail(f"cannot load {path}: {type(e).__name__}: {e}")
+model.eval().to(device)
+torch.manual_seed(seed)
+ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
+
+enc = get_tokenizer()
+if start.startswith("FILE:"):
+    try:
+        with open(start[5:], encoding="utf-8") as f:
+            start = f.read()
+    except OSError as e:
+        fail(f"cannot read the prompt file: {e}")
+ids = enc.encode(start, allowed_special={"<|endoftext|>"}) or [enc.eot_token]
+bs = model.config.block_size
+if len(ids) > bs:
+    print(f"note: the prompt is {len(ids)} tokens, over block_size={bs}; keeping its last {bs} tokens",
+          file=sys.stderr)
+    ids = ids[-bs:]
+x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
+
+with ctx:
+    for k in range(num_samples):
+        t0 = time.time()
+        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, use_cache=use_cache)
+        dt = time.time() - t0
+        print(enc.decode(y[0].tolist()))
+        print(f"--------------- ({max_new_tokens} tokens in {dt:.2f} s, {max_new_tokens / max(dt, 1e-9):.1f} tok/s, "
+              f"{'cached' if use_cache else 'full recompute'})", file=sys.stderr)
