@@ -327,7 +327,7 @@ while True:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
             with open(os.path.join(out_dir, "log.jsonl"), "a") as f:
                 f.write(json.dumps({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
-                                    "lr": lr, "grad_norm": last_grad_norm, "time_s": round(time.time() - t_start, 3),
+                                    "lr": lr, "grad_norm": last_grad_norm if math.isfinite(last_grad_norm) else None, "time_s": round(time.time() - t_start, 3),
                                     "tokens": iter_num * tokens_per_iter, "skipped": skipped_total}) + "\n")
             if finite and iter_num > 0:  # a non-finite model never reaches a checkpoint
                 if losses["val"] < best_val_loss or always_save_checkpoint:
