@@ -1,0 +1,282 @@
+"""
+The paper's Latency and GenSpeed tables, plus cached decoding and training throughput,
+measured side by side in one run on this machine.
+
+    python bench.py --preset=cpu --json=bench.json          # a 2-core CPU, a few minutes
+    python bench.py --preset=paper                           # d=4096, seq 1024, bf16: for a GPU
+    python bench.py --preset=cpu --models=hrm_nt12,tf_l4     # a subset
+
+For every model, each phase runs in a fresh process, so that on the CPU the peak resident
+memory of the process is that model's alone (on CUDA: torch.cuda.max_memory_allocated).
+  - latency: one forward of one sequence (batch 1, no cache), median of reps
+  - generation: the paper's protocol (prompt 64, generate 128, batch 1, greedy), with full
+    recompute (every token re-runs the whole context, as the paper measured) and with the cache
+  - training: one forward+backward with the model's K (no optimiser step), MFU from the paper's
+    FLOP model -- S(M + 2K) C for HRM, (M + 2K) C for UniTF, 3 L C for the Transformer, with
+    C = B n (32 d^2 + 4 n d) the forward FLOPs of one block -- against a peak measured in this
+    run by a large matmul (and on CUDA also against the datasheet bf16 peak).
+Model weights are random: latency and memory do not depend on their values.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from model import ModelConfig, build_model
+
+V = 50257
+# the paper's Latency/GenSpeed rows (d=4096 unless noted)
+PAPER = {
+    "tf_l2": dict(arch="transformer", n_layer=2), "tf_l4": dict(arch="transformer", n_layer=4),
+    "tf_l12": dict(arch="transformer", n_layer=12),
+    "hrm_nt4": dict(arch="hrm", N=2, T=2, K=2), "hrm_nt8": dict(arch="hrm", N=2, T=4, K=2),
+    "hrm_nt12": dict(arch="hrm", N=4, T=3, K=2), "hrm_nt36": dict(arch="hrm", N=12, T=3, K=2, n_embd=2048),
+    "unitf_m12": dict(arch="unitf", M=12, K=2),
+}
+PRESETS = {
+    # the paper's setting: d=4096 (hrm_nt36: 2048), 16 heads, seq 1024, bfloat16
+    "paper": dict(d=4096, n_head=16, seq=1024, vocab=V, dtype="bfloat16", reps=20, gen_reps=5, train_reps=5,
+                  train_batch=1),
+    # the same architectures at d=256 (hrm_nt36: 128), 4 heads, seq 256, float32, and the vocabulary scaled
+    # with d (50257 * 256/4096 = 3141) so that the tied output layer weighs what it does at the paper's
+    # size (0.77 of a block) instead of 12 blocks: minutes on 2 cores
+    "cpu": dict(d=256, n_head=4, seq=256, vocab=V * 256 // 4096, dtype="float32", reps=3, gen_reps=1,
+                train_reps=2, train_batch=1),
+    # seconds, for the tests
+    "tiny": dict(d=64, n_head=4, seq=64, vocab=V * 64 // 4096, dtype="float32", reps=1, gen_reps=1,
+                 train_reps=1, train_batch=1),
+}
+PROMPT, GEN = 64, 128
+DATASHEET_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "RTX 6000 Ada": 364.0,
+                         "A6000": 155.0, "4090": 165.0}
+
+
+def model_config(name, preset, **override):
+    p = PRESETS[preset]
+    kw = dict(PAPER[name])
+    d = kw.pop("n_embd", 4096) * p["d"] // 4096
+    kw.update(override)
+    return ModelConfig(vocab_size=kw.pop("vocab_size", p["vocab"]), block_size=max(p["seq"], PROMPT + GEN),
+                       n_embd=d, n_head=p["n_head"], **kw)
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def peak_mb(device):
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**20
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 2**20 if sys.platform == "darwin" else kb / 2**10  # macOS reports bytes, Linux KiB
+
+
+def current_mb(device):
+    if device.startswith("cuda"):
+        return torch.cuda.memory_allocated() / 2**20
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def timed(fn, device, reps, warmup=None):
+    (warmup or fn)()
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def block_flops(cfg, batch, n):
+    """C: forward FLOPs of one CausalAttnBlock application over the batch (matmuls + attention)."""
+    d = cfg.n_embd
+    return batch * n * (2 * 16 * d * d + 4 * n * d)
+
+
+def train_flops(cfg, batch, n):
+    C = block_flops(cfg, batch, n)
+    if cfg.arch == "hrm":
+        return cfg.S * (cfg.M + 2 * min(cfg.K, cfg.M)) * C
+    if cfg.arch == "unitf":
+        return (cfg.M + 2 * min(cfg.K, cfg.M)) * C
+    return 3 * cfg.n_layer * C
+
+
+def worker(phase, spec):
+    """One phase for one model in this (fresh) process; returns a dict of measurements."""
+    device, preset = spec["device"], spec["preset"]
+    p = PRESETS[preset]
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    cfg = model_config(spec["model"], preset, **spec.get("override", {}))
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[p["dtype"]]
+    torch.manual_seed(0)
+    model = build_model(cfg).to(device)
+    out = {"params": model.num_params()}
+    g = torch.Generator().manual_seed(0)
+    if phase == "infer":
+        model = model.to(dtype).eval()  # bf16 weights for inference, as the paper's memory figures imply
+        x = torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g).to(device)
+        with torch.no_grad():
+            out["latency_ms"] = timed(lambda: model(x), device, p["reps"]) * 1000
+        if device.startswith("cuda"):
+            out["peak_mem_mb"] = peak_mb(device)
+        prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
+        for use_cache, key in ((False, "gen_tok_s_recompute"), (True, "gen_tok_s_cached")):
+            def gen(n=GEN):
+                return model.generate(prompt, n, temperature=0, use_cache=use_cache)
+            out[key] = GEN / timed(gen, device, p["gen_reps"], warmup=lambda: gen(8))
+        out["gen_speedup"] = out["gen_tok_s_cached"] / out["gen_tok_s_recompute"]
+        before = current_mb(device) if device.startswith("cuda") else None
+        cache = model.new_cache(1, max_len=PROMPT + GEN, dtype=dtype)
+        measured = cache.nbytes() if before is None else (current_mb(device) - before) * 2**20
+        formula = model.kv_cache_bytes(PROMPT + GEN, dtype=dtype)
+        out["kv_cache_mb"] = measured / 2**20
+        out["kv_cache_formula_mb"] = formula / 2**20
+    elif phase == "mem":
+        # peak resident memory on the CPU: a fresh process whose allocator returns freed tensors to the OS
+        with torch.no_grad():
+            model.to(dtype).eval()(torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g))
+        out["peak_mem_mb"] = peak_mb(device)
+    else:
+        model.train()
+        B, n = spec.get("train_batch", p["train_batch"]), p["seq"]
+        x = torch.randint(0, cfg.vocab_size, (B, n), generator=g).to(device)
+        y = torch.randint(0, cfg.vocab_size, (B, n), generator=g).to(device)
+        ctx = torch.autocast(device_type="cuda", dtype=dtype) if dtype != torch.float32 else torch.enable_grad()
+
+        def step():
+            with ctx:
+                _, loss = model(x, y)
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+        step()  # warm-up: allocates the gradients once
+        sync(device)
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        base = current_mb(device)
+        dt = timed(step, device, p["train_reps"])
+        out["train_ms_iter"] = dt * 1000
+        out["train_tok_s"] = B * n / dt
+        out["train_peak_mem_mb"] = peak_mb(device)
+        out["train_iter_mem_mb"] = peak_mb(device) - base  # what the iteration itself added at its peak
+        if not device.startswith("cuda") and not spec.get("mem_env"):
+            del out["train_peak_mem_mb"], out["train_iter_mem_mb"]  # the timing run's RSS is not a clean measure
+        out["train_flops"] = train_flops(cfg, B, n)
+        out["train_achieved_tflops"] = out["train_flops"] / dt / 1e12
+    return out
+
+
+def measure_peak_tflops(device, dtype):
+    """The machine's matmul peak, measured now: the median of several large matmuls."""
+    n = 8192 if device.startswith("cuda") else 2048
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    dt = timed(lambda: a @ b, device, 10 if device.startswith("cuda") else 5)
+    return 2 * n ** 3 / dt / 1e12
+
+
+def run_worker(phase, spec):
+    """One phase in a fresh process. With spec["mem_env"], glibc hands every block of 64 KiB or more back
+    to the OS when it is freed, so that peak RSS counts live tensors, not heap fragmentation; that makes
+    large allocations slower, so timings come from processes without it."""
+    cmd = [sys.executable, os.path.abspath(__file__), f"--_worker={phase}", f"--_spec={json.dumps(spec)}"]
+    env = dict(os.environ, **({"MALLOC_MMAP_THRESHOLD_": "65536"} if spec.get("mem_env") else {}))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"{spec['model']} {phase} failed:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def fmt(v, spec=".1f"):
+    return "-" if v is None else format(v, spec)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    ap.add_argument("--models", default=",".join(PAPER), help="comma-separated subset of " + ",".join(PAPER))
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_spec", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._worker:
+        torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
+        print(json.dumps(worker(args._worker, json.loads(args._spec))))
+        return
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in PAPER]
+    if unknown:
+        sys.exit(f"bench.py: error: unknown model(s) {unknown}; choose from {', '.join(PAPER)}")
+    p = PRESETS[args.preset]
+    if args.preset == "paper" and device == "cpu":
+        print("note: --preset=paper is sized for a GPU; on this CPU it will take very long", file=sys.stderr)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[p["dtype"]]
+    peak = measure_peak_tflops(device, dtype)
+    dev_name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)"
+    sheet = next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in dev_name), None) \
+        if device.startswith("cuda") else None
+    print(f"# bench.py --preset={args.preset} on {dev_name}: d={p['d']}, seq={p['seq']}, vocab={p['vocab']}, "
+          f"{p['dtype']}, "
+          f"measured matmul peak {peak:.2f} TFLOP/s" + (f", datasheet bf16 {sheet:.0f} TFLOP/s" if sheet else ""),
+          flush=True)
+    results = []
+    t_all = time.time()
+    for name in names:
+        t0 = time.time()
+        spec = {"model": name, "preset": args.preset, "device": device}
+        r = {"model": name, **run_worker("infer", spec)}
+        r.update({k: v for k, v in run_worker("train", spec).items() if k != "params"})
+        if not device.startswith("cuda"):  # memory from separate fresh processes (see run_worker)
+            r["peak_mem_mb"] = run_worker("mem", {**spec, "mem_env": True})["peak_mem_mb"]
+            mem = run_worker("train", {**spec, "mem_env": True})
+            r["train_peak_mem_mb"], r["train_iter_mem_mb"] = mem["train_peak_mem_mb"], mem["train_iter_mem_mb"]
+        r["mfu"] = r["train_achieved_tflops"] / peak
+        r["mfu_datasheet"] = r["train_achieved_tflops"] / sheet if sheet else None
+        cfg = model_config(name, args.preset)
+        r.update(d=cfg.n_embd, M=cfg.M if cfg.arch != "transformer" else cfg.n_layer, device=dev_name,
+                 preset=args.preset, dtype=p["dtype"], seq=p["seq"])
+        results.append(r)
+        print(f"  {name}: {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+    ref = next((r for r in results if r["model"] == "tf_l4"), None)
+    cols = ["model", "params", "latency ms", "x T-L4", "peak MB", "gen tok/s (recompute)", "x T-L4",
+            "gen tok/s (cached)", "cached/recompute", "KV cache MB", "train ms/iter", "train tok/s",
+            "train peak MB", "train iter MB", "MFU"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in results:
+        lat_x = r["latency_ms"] / ref["latency_ms"] if ref else None
+        gen_x = r["gen_tok_s_recompute"] / ref["gen_tok_s_recompute"] if ref else None
+        mfu = f"{r['mfu']:.1%}" + (f" ({r['mfu_datasheet']:.1%} of datasheet)" if r["mfu_datasheet"] else "")
+        print(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['latency_ms']:.1f} | {fmt(lat_x, '.2f')} | "
+              f"{r['peak_mem_mb']:.0f} | {r['gen_tok_s_recompute']:.1f} | {fmt(gen_x, '.2f')} | "
+              f"{r['gen_tok_s_cached']:.1f} | {r['gen_speedup']:.1f}x | {r['kv_cache_mb']:.2f} | "
+              f"{r['train_ms_iter']:.1f} | {r['train_tok_s']:.0f} | {r['train_peak_mem_mb']:.0f} | "
+              f"{r['train_iter_mem_mb']:.1f} | {mfu} |")
+    print(f"\n{len(results)} models in {time.time() - t_all:.0f} s. On the CPU, peak MB is the peak resident memory of "
+          f"a fresh process (Python and torch included) and train iter MB what one training iteration adds at its "
+          f"peak; KV cache for prompt {PROMPT} + {GEN} generated tokens.")
+    off = [r["model"] for r in results if abs(r["kv_cache_mb"] - r["kv_cache_formula_mb"]) > 1e-3 * r["kv_cache_mb"]]
+    print("KV cache sizes " + (f"DIFFER from SPEC section 5's formula for {off}" if off else
+                               "equal SPEC section 5's formula 2 * applications * n * d * bytes for every model"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

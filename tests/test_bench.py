@@ -1,0 +1,61 @@
+"""bench.py, and the paper's complexity claim 'train activations O(K A)' measured."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import PAPER, run_worker, train_flops, model_config
+from conftest import ROOT
+
+
+def iter_mem(N, T, K):
+    spec = {"model": "hrm_nt4", "preset": "tiny", "device": "cpu", "train_batch": 4, "mem_env": True,
+            "override": {"N": N, "T": T, "K": K, "vocab_size": 256}}
+    return run_worker("train", spec)["train_iter_mem_mb"]
+
+
+def test_train_memory_is_O_K_not_O_M():
+    """At K = 2 the peak memory of a training iteration is flat from M = 4 to M = 48: no activation
+    of the no-grad steps outlives its step. Full backprop at M = 48 shows the test can see growth."""
+    m4, m48 = iter_mem(2, 2, 2), iter_mem(24, 2, 2)
+    assert m48 < 1.10 * m4, (m4, m48)
+    full = iter_mem(24, 2, 48)
+    assert full > 4 * m4, (m4, full)
+
+
+def test_flop_model():
+    hrm = model_config("hrm_nt12", "paper")
+    tf = model_config("tf_l4", "paper")
+    C = 1 * 1024 * (32 * 4096 ** 2 + 4 * 1024 * 4096)
+    assert train_flops(hrm, 1, 1024) == (12 + 2 * 2) * C   # S (M + 2K) C
+    assert train_flops(tf, 1, 1024) == 3 * 4 * C           # 3 L C
+    assert model_config("hrm_nt36", "paper").n_embd == 2048
+
+
+def test_bench_tiny_end_to_end(tmp_path):
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--preset=tiny",
+                        "--models=hrm_nt12,tf_l4,unitf_m12", f"--json={out}"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(out.read_text())
+    assert [r["model"] for r in rows] == ["hrm_nt12", "tf_l4", "unitf_m12"]
+    for r in rows:
+        for key in ("params", "latency_ms", "peak_mem_mb", "gen_tok_s_recompute", "gen_tok_s_cached",
+                    "kv_cache_mb", "train_ms_iter", "train_peak_mem_mb", "mfu"):
+            assert r[key] > 0, (key, r)
+        assert r["kv_cache_mb"] == pytest.approx(r["kv_cache_formula_mb"])
+    hrm = rows[0]
+    # 17 block applications (1 + M + N) for HRM NT=12 vs 4 for T-L4: 2 * 17 * 192 * 64 * 4 bytes
+    assert hrm["kv_cache_mb"] == pytest.approx(2 * 17 * 192 * 64 * 4 / 2**20)
+    assert "| hrm_nt12 |" in p.stdout and "equal SPEC section 5's formula" in p.stdout
+
+
+def test_unknown_model_is_one_line():
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--models=gpt5"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode != 0 and "unknown model(s) ['gpt5']" in p.stderr
+    assert set(PAPER) >= {"hrm_nt12", "tf_l4", "unitf_m12"}
