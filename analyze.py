@@ -1,0 +1,155 @@
+"""
+The paper's HLRole analyses on a trained HRM checkpoint and real validation text.
+
+    python analyze.py --out_dir=out-shakespeare-hrm [--json=hlrole.json] [--batches=8]
+
+(A) Slow-module ablation (Table "HLRole(A)"): val CE normally, and with the Slow module frozen at
+    z_H0 for the whole forward (H_net's update replaced by the identity), and the difference.
+(B, C) Step statistics for the first supervision pass (Table "HLRole(B-C)"): whether H fired, the mean
+    Fast gate g, ||z_L||, ||z_H|| before and after the step, cos(z_H, z_L) after it; norms and cosines
+    are per token vector, averaged over tokens. Plus the mean output-fusion weights (w_H, w_L, w_I).
+Steps are numbered i = 1..M as in model.py (H fires when i % T == 0); the paper's table counts from 0.
+"""
+
+import argparse
+import json
+import os
+import sys
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from model import ModelConfig, build_model
+
+
+def fail(msg):
+    sys.exit(f"analyze.py: error: {msg}")
+
+
+def load(out_dir, ckpt, device):
+    path = os.path.join(out_dir, ckpt)
+    if not os.path.exists(path):
+        fail(f"no checkpoint at {path}")
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        fail(f"cannot load {path}: {type(e).__name__}: {e}")
+    if ck["model_args"].get("arch") != "hrm":
+        fail(f"{path} is a {ck['model_args'].get('arch')!r} model; the HLRole analyses need an HRM")
+    model = build_model(ModelConfig(**ck["model_args"]))
+    model.load_state_dict(ck["model"])
+    return model.to(device).eval(), ck
+
+
+def val_batches(ck, data_dir, n_batches, batch_size, block_size):
+    cfg = ck["config"]
+    path = os.path.join(data_dir or cfg["data_dir"], cfg["dataset"], "val.bin")
+    if not os.path.exists(path):
+        fail(f"{path} not found; run prepare.py for dataset {cfg['dataset']!r} or pass --data_dir")
+    data = np.memmap(path, dtype=np.uint16, mode="r")
+    n = n_batches * batch_size
+    if len(data) <= block_size + 1:
+        fail(f"{path} holds {len(data)} tokens, fewer than block_size {block_size}")
+    starts = np.linspace(0, len(data) - block_size - 1, n).astype(np.int64)  # evenly spread, deterministic
+    x = torch.from_numpy(np.stack([data[s:s + block_size] for s in starts]).astype(np.int64))
+    y = torch.from_numpy(np.stack([data[s + 1:s + 1 + block_size] for s in starts]).astype(np.int64))
+    return list(zip(x.split(batch_size), y.split(batch_size)))
+
+
+@contextmanager
+def slow_module_frozen(model):
+    """z_H keeps its initial value z_H0 for the whole forward: H_net's update becomes the identity."""
+    real = model.H_net.forward
+    model.H_net.forward = lambda z_H, z_L, rope, cache=None, app=0: z_H
+    try:
+        yield
+    finally:
+        model.H_net.forward = real
+
+
+@torch.no_grad()
+def val_ce(model, batches, device):
+    losses = []
+    for x, y in batches:
+        logits, _ = model(x.to(device))
+        losses.append(F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.to(device).view(-1)).item())
+    return float(np.mean(losses))
+
+
+@torch.no_grad()
+def step_stats(model, batches, device):
+    """Per-step statistics of the first pass, averaged over the batches; and the mean fusion weights."""
+    M, T = model.config.M, model.config.T
+    keys = ("gate", "z_L_norm", "z_H_norm_before", "z_H_norm_after", "cos_zH_zL")
+    acc = {k: np.zeros(M) for k in keys}
+    gates, steps, fusion_w = [], [], []   # this batch's L_net gate means and step records
+
+    def on_step(i, fired, z_L, z_H_before, z_H_after):
+        steps.append((z_L.float().norm(dim=-1).mean().item(), z_H_before.float().norm(dim=-1).mean().item(),
+                      z_H_after.float().norm(dim=-1).mean().item(),
+                      F.cosine_similarity(z_H_after.float(), z_L.float(), dim=-1).mean().item()))
+
+    hooks = [model.L_net.gate.register_forward_hook(lambda m, i, out: gates.append(torch.sigmoid(out.float()).mean().item())),
+             model.fusion.register_forward_hook(lambda m, i, out: fusion_w.append(out[1].float().mean(dim=(0, 1)).tolist()))]
+    model.step_callback = on_step
+    try:
+        for x, _ in batches:
+            gates.clear()
+            steps.clear()
+            model(x.to(device))
+            first = np.array(steps[:M])                 # steps of pass 1 (later passes follow in order)
+            acc["gate"] += np.array(gates[:M])
+            for j, k in enumerate(keys[1:]):
+                acc[k] += first[:, j]
+    finally:
+        model.step_callback = None
+        for h in hooks:
+            h.remove()
+    rows = [dict(step=i, h_fired=i % T == 0, **{k: float(acc[k][i - 1] / len(batches)) for k in keys})
+            for i in range(1, M + 1)]
+    w = np.mean(fusion_w, axis=0).tolist()
+    return rows, {"w_H": w[0], "w_L": w[1], "w_I": w[2]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out_dir", required=True, help="a train.py out_dir holding an HRM checkpoint")
+    ap.add_argument("--ckpt", default="ckpt.pt", help="checkpoint file in out_dir")
+    ap.add_argument("--data_dir", default=None, help="default: the data_dir the model was trained with")
+    ap.add_argument("--batches", type=int, default=8, help="validation batches")
+    ap.add_argument("--batch_size", type=int, default=1, help="sequences per batch (the paper: 8 x 1)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", default=None, help="write the numbers here")
+    args = ap.parse_args(argv)
+    model, ck = load(args.out_dir, args.ckpt, args.device)
+    c = model.config
+    batches = val_batches(ck, args.data_dir, args.batches, args.batch_size, c.block_size)
+    ce = val_ce(model, batches, args.device)
+    with slow_module_frozen(model):
+        ce_frozen = val_ce(model, batches, args.device)
+    rows, fusion = step_stats(model, batches, args.device)
+
+    name = f"HRM N={c.N}, T={c.T}, K={c.K}, S={c.S}, d={c.n_embd} ({os.path.basename(os.path.normpath(args.out_dir))})"
+    n_tok = args.batches * args.batch_size * c.block_size
+    print(f"## HLRole(A): Slow-module ablation, {args.batches * args.batch_size} validation sequences of "
+          f"{c.block_size} tokens ({n_tok} tokens)\n")
+    print("| model | CE (normal) | CE (H frozen) | ΔCE |\n|---|---|---|---|")
+    print(f"| {name} | {ce:.3f} | {ce_frozen:.3f} | {ce_frozen - ce:+.3f} |\n")
+    print(f"## HLRole(B-C): step statistics, first pass (i = 1..{c.M}; H fires when i % {c.T} == 0)\n")
+    print("| step | H? | gate | ‖z_L‖ | ‖z_H‖ before | ‖z_H‖ after | cos(z_H, z_L) |\n|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['step']} | {'✓' if r['h_fired'] else ''} | {r['gate']:.3f} | {r['z_L_norm']:.2f} | "
+              f"{r['z_H_norm_before']:.2f} | {r['z_H_norm_after']:.2f} | {r['cos_zH_zL']:.3f} |")
+    print(f"\nmean output-fusion weights: w_H {fusion['w_H']:.3f}, w_L {fusion['w_L']:.3f}, w_I {fusion['w_I']:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": name, "model_args": ck["model_args"], "iter": ck["iter_num"], "tokens": n_tok,
+                       "ce": ce, "ce_h_frozen": ce_frozen, "delta_ce": ce_frozen - ce, "steps": rows,
+                       "fusion": fusion}, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

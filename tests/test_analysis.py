@@ -1,0 +1,72 @@
+"""plot.py and analyze.py on tiny checkpoints made here."""
+
+import json
+import os
+
+import pytest
+
+from conftest import read_log, run_train
+
+HRM = ["--arch=hrm", "--N=2", "--T=3", "--K=2", "--max_iters=6", "--eval_interval=3"]
+
+
+@pytest.fixture(scope="module")
+def runs(data_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    hrm, tf = str(root / "hrm"), str(root / "tf")
+    run_train(HRM, data_dir, hrm)
+    run_train(["--arch=transformer", "--n_layer=2", "--max_iters=6", "--eval_interval=3"], data_dir, tf)
+    return hrm, tf
+
+
+def test_plot_writes_png(runs, tmp_path):
+    import plot
+    out = tmp_path / "curves.png"
+    plot.main([*runs, f"--out={out}", "--title=t", "--labels=HRM,T-L2"])
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    with pytest.raises(SystemExit, match="log.jsonl not found"):
+        plot.main([str(tmp_path / "nothing"), f"--out={out}"])
+    with pytest.raises(SystemExit, match="1 labels for 2 runs"):
+        plot.main([*runs, "--labels=one"])
+
+
+def test_analyze_tables_and_json(runs, data_dir, tmp_path, capsys):
+    import analyze
+    hrm, _ = runs
+    out = tmp_path / "a.json"
+    analyze.main([f"--out_dir={hrm}", f"--data_dir={data_dir}", "--batches=2", f"--json={out}"])
+    text = capsys.readouterr().out
+    assert "HLRole(A)" in text and "HLRole(B-C)" in text and "mean output-fusion weights" in text
+    r = json.loads(out.read_text())
+    assert [s["step"] for s in r["steps"]] == [1, 2, 3, 4, 5, 6]
+    assert [s["h_fired"] for s in r["steps"]] == [False, False, True, False, False, True]
+    for s in r["steps"]:
+        assert 0 < s["gate"] < 1 and -1 <= s["cos_zH_zL"] <= 1
+        if not s["h_fired"]:   # z_H only changes on the steps where the Slow module fires
+            assert s["z_H_norm_before"] == s["z_H_norm_after"]
+    assert r["steps"][2]["z_H_norm_after"] != r["steps"][2]["z_H_norm_before"]
+    assert r["delta_ce"] == pytest.approx(r["ce_h_frozen"] - r["ce"]) and r["ce_h_frozen"] != r["ce"]
+    assert sum(r["fusion"].values()) == pytest.approx(1.0, abs=1e-5)
+    # the CE it reports is the final-pass CE train.py logged for the same weights (other batches: close)
+    assert abs(r["ce"] - read_log(hrm)[-1]["val_loss"]) < 1.0
+
+
+def test_frozen_slow_module_keeps_z_H0(runs, data_dir):
+    import torch
+    import analyze
+    model, ck = analyze.load(runs[0], "ckpt.pt", "cpu")
+    seen = []
+    model.step_callback = lambda i, fired, z_L, zb, za: seen.append(za)
+    with analyze.slow_module_frozen(model):
+        model(torch.zeros((1, 8), dtype=torch.long))
+    model.step_callback = None
+    assert all(torch.equal(z[0, 0], model.z_H0) for z in seen)
+
+
+def test_analyze_refuses_other_archs(runs):
+    import analyze
+    with pytest.raises(SystemExit, match="the HLRole analyses need an HRM"):
+        analyze.main([f"--out_dir={runs[1]}"])
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        analyze.main(["--out_dir=/nonexistent"])
