@@ -312,6 +312,15 @@ class LanguageModel(nn.Module):
         return KVCache(self.n_cache_apps(), batch_size, c.n_head, max_len, c.n_embd // c.n_head,
                        self.wte.weight.device, dtype)
 
+    def _tied_head(self, x, targets, cache, last_only):
+        """After the last block: advance the cache past these positions, tied logits, CE loss."""
+        if cache is not None:
+            cache.pos += x.size(1)
+        if last_only:
+            x = x[:, -1:]
+        logits = x @ self.wte.weight.T
+        return logits, (self._loss(logits, targets) if targets is not None else None)
+
     def _loss(self, logits, targets):
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
 
@@ -437,12 +446,7 @@ class Transformer(LanguageModel):
         x = self.wte(idx)
         for l, block in enumerate(self.blocks):
             x = block(x, self.rope, cache, app=l)
-        if cache is not None:
-            cache.pos += idx.size(1)
-        if last_only:
-            x = x[:, -1:]
-        logits = x @ self.wte.weight.T
-        return logits, (self._loss(logits, targets) if targets is not None else None)
+        return self._tied_head(x, targets, cache, last_only)
 
 
 class UniTF(LanguageModel):
@@ -465,12 +469,7 @@ class UniTF(LanguageModel):
         for i in range(1, c.M + 1):
             with torch.set_grad_enabled(grad and i > c.M - c.K):
                 x = self.block(x, self.rope, cache, app=i - 1)
-        if cache is not None:
-            cache.pos += idx.size(1)
-        if last_only:
-            x = x[:, -1:]
-        logits = x @ self.wte.weight.T
-        return logits, (self._loss(logits, targets) if targets is not None else None)
+        return self._tied_head(x, targets, cache, last_only)
 
 
 def build_model(config):

@@ -192,3 +192,24 @@ def test_config_loads_and_builds(path):
         assert cfg["dataset"] == "openwebtext" and cfg["block_size"] == 1024 and cfg["batch_size"] == 12
         assert cfg["batch_size"] * cfg["gradient_accumulation_steps"] == 72  # 12 x 6 GPUs
         assert cfg["min_lr"] < cfg["learning_rate"] and cfg["max_iters"] in (10000, 20000, 60000)
+
+
+def test_paper_config_shape_smoke(tmp_path):
+    """The issue's smoke test of config/equalparam_nt8.py, on a local stand-in for OpenWebText
+    (prepare.py --input writes any local text under the dataset name asked for)."""
+    import subprocess
+    import sys
+    from prepare import main as prepare_main, shakespeare_plays
+    src = tmp_path / "texts"
+    src.mkdir()
+    for name, text in shakespeare_plays()[:3]:
+        (src / (name.replace("/", "_") + ".txt")).write_text(text)
+    prepare_main([f"--data_dir={tmp_path}", "--dataset=openwebtext", f"--input={src}", "--num_proc=1"])
+    cmd = [sys.executable, "train.py", "config/equalparam_nt8.py", "--device=cpu", "--max_iters=2", "--eval_iters=1",
+           "--batch_size=1", "--block_size=64", "--n_embd=64", "--n_head=4", "--eval_interval=1",
+           f"--data_dir={tmp_path}", f"--out_dir={tmp_path / 'out'}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "hrm:" in p.stdout and "6 x 1 x 64" in p.stdout and "step 2:" in p.stdout
+    log = read_log(str(tmp_path / "out"))
+    assert [r["iter"] for r in log] == [0, 1, 2]
