@@ -119,8 +119,9 @@ if gradient_accumulation_steps < 1 or gradient_accumulation_steps % world_size:
     fail(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a positive multiple of "
          f"the world size {world_size} (it counts global micro-batches)")
 for key in ("batch_size", "max_iters", "eval_iters", "eval_interval", "log_interval", "max_nonfinite"):
-    if config[key] < (0 if key == "max_iters" else 1):
-        fail(f"{key} must be >= 1, got {config[key]}")
+    least = 0 if key == "max_iters" else 1
+    if config[key] < least:
+        fail(f"{key} must be >= {least}, got {config[key]}")
 model_args = {k: config[k] for k in MODEL_FIELDS}
 model_args["M"] = (M or None) if arch == "unitf" else None
 try:
@@ -167,7 +168,8 @@ if init_from == "resume":
     try:
         checkpoint = torch.load(ckpt_last, map_location="cpu", weights_only=True)
     except Exception as e:
-        fail(f"cannot load {ckpt_last}: {type(e).__name__}: {e} (truncated or not a checkpoint?)")
+        first = (str(e).strip().splitlines() or [""])[0]
+        fail(f"cannot load {ckpt_last}: {type(e).__name__}: {first} (truncated, not a checkpoint, or unsafe)")
     saved = checkpoint.get("model_args", {})
     diff = {k: (saved.get(k), model_args[k]) for k in model_args if saved.get(k) != model_args[k]}
     if diff:

@@ -131,7 +131,7 @@ def test_pickled_code_is_refused(trained, data_dir, tmp_path):
     ck["payload"] = Evil(str(flag))
     torch.save(ck, os.path.join(out, "ckpt_last.pt"))
     p = run_train(HRM + ["--max_iters=4", "--init_from=resume"], data_dir, out, check=False)
-    assert p.returncode == 2 and "cannot load" in p.stderr
+    assert p.returncode == 2 and "cannot load" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert not flag.exists()
 
 
