@@ -21,7 +21,6 @@ Model weights are random: latency and memory do not depend on their values.
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -72,11 +71,21 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def reset_peak(device):
+    """Start a new peak: CUDA's counter, or on Linux the process's RSS high-water mark (VmHWM)."""
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+
 def peak_mb(device):
+    """Peak since the last reset_peak (CUDA: allocated tensors; CPU: resident memory)."""
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated() / 2**20
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 2**20 if sys.platform == "darwin" else kb / 2**10  # macOS reports bytes, Linux KiB
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**10  # kB
 
 
 def current_mb(device):
@@ -117,14 +126,13 @@ def worker(phase, spec):
     """One phase for one model in this (fresh) process; returns a dict of measurements."""
     device, preset = spec["device"], spec["preset"]
     p = PRESETS[preset]
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
     cfg = model_config(spec["model"], preset, **spec.get("override", {}))
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[p["dtype"]]
     torch.manual_seed(0)
     model = build_model(cfg).to(device)
     out = {"params": model.num_params()}
     g = torch.Generator().manual_seed(0)
+    reset_peak(device)  # the peaks below are this model's: not those of importing torch or building it
     if phase == "infer":
         model = model.to(dtype).eval()  # bf16 weights for inference, as the paper's memory figures imply
         x = torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g).to(device)
@@ -163,8 +171,7 @@ def worker(phase, spec):
             model.zero_grad(set_to_none=True)
         step()  # warm-up: allocates the gradients once
         sync(device)
-        if device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
+        reset_peak(device)
         base = current_mb(device)
         dt = timed(step, device, p["train_reps"])
         out["train_ms_iter"] = dt * 1000

@@ -97,10 +97,29 @@ if dtype == "auto":
     dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
 
 
+errors = []  # config and data errors found before any work; see stop_on_errors()
+
+
 def fail(msg):
-    """A config or data error: one line from every rank, before any work, then exit."""
-    print(f"train.py: error{f' (rank {rank})' if ddp else ''}: {msg}", file=sys.stderr, flush=True)
+    """Record an error found before work; stop_on_errors() stops every rank on it."""
+    errors.append(msg)
+
+
+def stop_on_errors():
+    """All ranks learn whether any rank found an error; each prints its own, one line each, and all
+    exit together (a rank that exited alone would be killed by torchrun with its siblings mid-print)."""
+    any_error = bool(errors)
     if ddp:
+        everyone = [None] * world_size
+        dist.all_gather_object(everyone, errors)
+        any_error = any(everyone)
+    if not any_error:
+        return
+    for msg in errors:  # one write per line, so that lines from several ranks never interleave
+        sys.stderr.write(f"train.py: error{f' (rank {rank})' if ddp else ''}: {msg}\n")
+        sys.stderr.flush()
+    if ddp:
+        dist.barrier()
         dist.destroy_process_group()
     sys.exit(2)
 
@@ -134,12 +153,14 @@ for split in ("train", "val"):
     if not os.path.exists(path):
         hint = "python prepare.py" if dataset == "shakespeare" else f"python prepare.py --dataset={dataset}"
         fail(f"{path} not found; run `{hint}` first")
+        break
     data[split] = np.memmap(path, dtype=np.uint16, mode="r")
     if len(data[split]) <= block_size + 1:
         fail(f"block_size={block_size} needs more than {block_size + 1} tokens, but {path} holds {len(data[split])}")
 ckpt_last, ckpt_best = os.path.join(out_dir, "ckpt_last.pt"), os.path.join(out_dir, "ckpt.pt")
 if init_from == "resume" and not os.path.exists(ckpt_last):
     fail(f"init_from='resume' but {ckpt_last} does not exist")
+stop_on_errors()
 
 # --- seeding and data ----------------------------------------------------------
 random.seed(seed)
@@ -170,11 +191,13 @@ if init_from == "resume":
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0]
         fail(f"cannot load {ckpt_last}: {type(e).__name__}: {first} (truncated, not a checkpoint, or unsafe)")
-    saved = checkpoint.get("model_args", {})
-    diff = {k: (saved.get(k), model_args[k]) for k in model_args if saved.get(k) != model_args[k]}
-    if diff:
-        fail(f"{ckpt_last} holds a different model: " +
-             ", ".join(f"{k}={a!r} in the checkpoint vs {b!r} now" for k, (a, b) in diff.items()))
+    else:
+        saved = checkpoint.get("model_args", {})
+        diff = {k: (saved.get(k), model_args[k]) for k in model_args if saved.get(k) != model_args[k]}
+        if diff:
+            fail(f"{ckpt_last} holds a different model: " +
+                 ", ".join(f"{k}={a!r} in the checkpoint vs {b!r} now" for k, (a, b) in diff.items()))
+stop_on_errors()
 model = build_model(model_config)
 if checkpoint is not None:
     model.load_state_dict(checkpoint["model"])
