@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model import ModelConfig, build_model
+from model import model_from_checkpoint
 
 
 def fail(msg):
@@ -38,9 +38,7 @@ def load(out_dir, ckpt, device):
         fail(f"cannot load {path}: {type(e).__name__}: {e}")
     if ck["model_args"].get("arch") != "hrm":
         fail(f"{path} is a {ck['model_args'].get('arch')!r} model; the HLRole analyses need an HRM")
-    model = build_model(ModelConfig(**ck["model_args"]))
-    model.load_state_dict(ck["model"])
-    return model.to(device).eval(), ck
+    return model_from_checkpoint(ck).to(device).eval(), ck
 
 
 def val_batches(ck, data_dir, n_batches, batch_size, block_size):

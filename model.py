@@ -475,3 +475,10 @@ class UniTF(LanguageModel):
 def build_model(config):
     """The model for config.arch, initialised as SPEC section 4 says."""
     return {"hrm": HRM, "transformer": Transformer, "unitf": UniTF}[config.arch](config)
+
+
+def model_from_checkpoint(ckpt):
+    """The model a train.py checkpoint holds (ckpt: the dict torch.load(path, weights_only=True) returns)."""
+    model = build_model(ModelConfig(**ckpt["model_args"]))
+    model.load_state_dict(ckpt["model"])
+    return model

@@ -15,7 +15,7 @@ from contextlib import nullcontext
 import torch
 
 from configurator import configure
-from model import ModelConfig, build_model
+from model import model_from_checkpoint
 from prepare import get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -62,9 +62,7 @@ path = os.path.join(out_dir, ckpt)
 if not os.path.exists(path):
     fail(f"no checkpoint at {path}; train one first (python train.py config/shakespeare_hrm.py)")
 try:
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    model = build_model(ModelConfig(**checkpoint["model_args"]))
-    model.load_state_dict(checkpoint["model"])
+    model = model_from_checkpoint(torch.load(path, map_location="cpu", weights_only=True))
 except Exception as e:
     fail(f"cannot load {path}: {type(e).__name__}: {e}")
 model.eval().to(device)
