@@ -335,7 +335,6 @@ log(f"{arch}: {raw_model.num_params():,} parameters | {tokens_per_iter:,} tokens
     f"{device} {dtype} | clip {clip:.4g}")
 start_iter, t_start = iter_num, time.time()
 t0, last_grad_norm, bad_in_row = time.time(), float("nan"), 0
-local_iter = 0
 while True:
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
@@ -397,7 +396,6 @@ while True:
     optimizer.zero_grad(set_to_none=True)
 
     iter_num += 1
-    local_iter += 1
     if iter_num % log_interval == 0:
         dt = (time.time() - t0) / log_interval
         t0 = time.time()

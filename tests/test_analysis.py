@@ -1,7 +1,6 @@
 """plot.py and analyze.py on tiny checkpoints made here."""
 
 import json
-import os
 
 import pytest
 
