@@ -5,12 +5,16 @@ measured side by side in one run on this machine.
     python bench.py --preset=cpu --json=bench.json          # a 2-core CPU, a few minutes
     python bench.py --preset=paper                           # d=4096, seq 1024, bf16: for a GPU
     python bench.py --preset=cpu --models=hrm_nt12,tf_l4     # a subset
+    python bench.py --preset=cpu --models=hrm_nt12 --compile # torch.compile'd forward (a minute per model)
 
 For every model, each phase runs in a fresh process, so that on the CPU the peak resident
 memory of the process is that model's alone (on CUDA: torch.cuda.max_memory_allocated).
   - latency: one forward of one sequence (batch 1, no cache), median of reps
   - generation: the paper's protocol (prompt 64, generate 128, batch 1, greedy), with full
-    recompute (every token re-runs the whole context, as the paper measured) and with the cache
+    recompute (every token re-runs the whole context, as the paper measured) and with the cache;
+    and the bound on their ratio: recompute's time per token over the time of the weight
+    matrix-vector products alone that one cached token needs (each weight matrix read once per
+    block application -- at batch 1 these set the floor under cached decoding)
   - training: one forward+backward with the model's K (no optimiser step), MFU from the paper's
     FLOP model -- S(M + 2K) C for HRM, (M + 2K) C for UniTF, 3 L C for the Transformer, with
     C = B n (32 d^2 + 4 n d) the forward FLOPs of one block -- against a peak measured in this
@@ -27,6 +31,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 from model import ModelConfig, build_model
 
@@ -46,7 +51,7 @@ PRESETS = {
     # the same architectures at d=256 (hrm_nt36: 128), 4 heads, seq 256, float32, and the vocabulary scaled
     # with d (50257 * 256/4096 = 3141) so that the tied output layer weighs what it does at the paper's
     # size (0.77 of a block) instead of 12 blocks: minutes on 2 cores
-    "cpu": dict(d=256, n_head=4, seq=256, vocab=V * 256 // 4096, dtype="float32", reps=3, gen_reps=1,
+    "cpu": dict(d=256, n_head=4, seq=256, vocab=V * 256 // 4096, dtype="float32", reps=3, gen_reps=2,
                 train_reps=2, train_batch=1),
     # seconds, for the tests
     "tiny": dict(d=64, n_head=4, seq=64, vocab=V * 64 // 4096, dtype="float32", reps=1, gen_reps=1,
@@ -107,6 +112,24 @@ def timed(fn, device, reps, warmup=None):
     return statistics.median(times)
 
 
+def decode_weights(model, prompt):
+    """The weight matrices one cached decoding step multiplies by, in order: every nn.Linear as the
+    model calls it (a shared block's weights once per application), then the tied output layer."""
+    ws = []
+    hooks = [m.register_forward_hook(lambda m, inp, out: ws.append(m.weight))
+             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        cache = model.new_cache(1, max_len=prompt.size(1))
+        with torch.no_grad():
+            model(prompt[:, :-1], cache=cache)
+            ws.clear()
+            model(prompt[:, -1:], cache=cache, last_only=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    return ws + [model.wte.weight]
+
+
 def block_flops(cfg, batch, n):
     """C: forward FLOPs of one CausalAttnBlock application over the batch (matmuls + attention)."""
     d = cfg.n_embd
@@ -136,16 +159,26 @@ def worker(phase, spec):
     if phase == "infer":
         model = model.to(dtype).eval()  # bf16 weights for inference, as the paper's memory figures imply
         x = torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g).to(device)
+        prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
+        # the floor under cached decoding: one token's weight matrix-vector products, nothing else
+        ws = decode_weights(model, prompt)
+        xs = {n: torch.randn(1, n, generator=g).to(device=device, dtype=dtype) for n in {w.size(1) for w in ws}}
+        with torch.no_grad():
+            floor = timed(lambda: [F.linear(xs[w.size(1)], w) for w in ws], device, 20)
+        if spec.get("compile"):  # every forward below compiled, recompute and cached alike; warm-ups compile
+            model.forward = torch.compile(model.forward, dynamic=True)
         with torch.no_grad():
             out["latency_ms"] = timed(lambda: model(x), device, p["reps"]) * 1000
         if device.startswith("cuda"):
             out["peak_mem_mb"] = peak_mb(device)
-        prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
         for use_cache, key in ((False, "gen_tok_s_recompute"), (True, "gen_tok_s_cached")):
             def gen(n=GEN):
                 return model.generate(prompt, n, temperature=0, use_cache=use_cache)
             out[key] = GEN / timed(gen, device, p["gen_reps"], warmup=lambda: gen(8))
         out["gen_speedup"] = out["gen_tok_s_cached"] / out["gen_tok_s_recompute"]
+        out["decode_matvec_ms"] = floor * 1000
+        out["decode_weight_mb"] = sum(w.numel() * w.element_size() for w in ws) / 2**20
+        out["gen_speedup_bound"] = (1 / out["gen_tok_s_recompute"]) / floor
         before = current_mb(device) if device.startswith("cuda") else None
         cache = model.new_cache(1, max_len=PROMPT + GEN, dtype=dtype)
         measured = cache.nbytes() if before is None else (current_mb(device) - before) * 2**20
@@ -216,6 +249,9 @@ def main():
     ap.add_argument("--models", default=",".join(PAPER), help="comma-separated subset of " + ",".join(PAPER))
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the forward for latency and generation (recompute and cached alike); "
+                         "training stays eager. Compiling takes about a minute per model on a 2-core CPU")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_spec", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -237,7 +273,7 @@ def main():
     sheet = next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in dev_name), None) \
         if device.startswith("cuda") else None
     print(f"# bench.py --preset={args.preset} on {dev_name}: d={p['d']}, seq={p['seq']}, vocab={p['vocab']}, "
-          f"{p['dtype']}, "
+          f"{p['dtype']}, " + ("forward compiled for latency and generation, " if args.compile else "") +
           f"measured matmul peak {peak:.2f} TFLOP/s" + (f", datasheet bf16 {sheet:.0f} TFLOP/s" if sheet else ""),
           flush=True)
     results = []
@@ -245,7 +281,7 @@ def main():
     for name in names:
         t0 = time.time()
         spec = {"model": name, "preset": args.preset, "device": device}
-        r = {"model": name, **run_worker("infer", spec)}
+        r = {"model": name, **run_worker("infer", {**spec, "compile": args.compile})}
         r.update({k: v for k, v in run_worker("train", spec).items() if k != "params"})
         if not device.startswith("cuda"):  # memory from separate fresh processes (see run_worker)
             r["peak_mem_mb"] = run_worker("mem", {**spec, "mem_env": True})["peak_mem_mb"]
@@ -255,12 +291,12 @@ def main():
         r["mfu_datasheet"] = r["train_achieved_tflops"] / sheet if sheet else None
         cfg = model_config(name, args.preset)
         r.update(d=cfg.n_embd, M=cfg.M if cfg.arch != "transformer" else cfg.n_layer, device=dev_name,
-                 preset=args.preset, dtype=p["dtype"], seq=p["seq"])
+                 preset=args.preset, dtype=p["dtype"], seq=p["seq"], compiled=args.compile)
         results.append(r)
         print(f"  {name}: {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
     ref = next((r for r in results if r["model"] == "tf_l4"), None)
     cols = ["model", "params", "latency ms", "x T-L4", "peak MB", "gen tok/s (recompute)", "x T-L4",
-            "gen tok/s (cached)", "cached/recompute", "KV cache MB", "train ms/iter", "train tok/s",
+            "gen tok/s (cached)", "cached/recompute", "bound", "KV cache MB", "train ms/iter", "train tok/s",
             "train peak MB", "train iter MB", "MFU"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
@@ -270,12 +306,14 @@ def main():
         mfu = f"{r['mfu']:.1%}" + (f" ({r['mfu_datasheet']:.1%} of datasheet)" if r["mfu_datasheet"] else "")
         print(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['latency_ms']:.1f} | {fmt(lat_x, '.2f')} | "
               f"{r['peak_mem_mb']:.0f} | {r['gen_tok_s_recompute']:.1f} | {fmt(gen_x, '.2f')} | "
-              f"{r['gen_tok_s_cached']:.1f} | {r['gen_speedup']:.1f}x | {r['kv_cache_mb']:.2f} | "
+              f"{r['gen_tok_s_cached']:.1f} | {r['gen_speedup']:.1f}x | {r['gen_speedup_bound']:.1f}x | "
+              f"{r['kv_cache_mb']:.2f} | "
               f"{r['train_ms_iter']:.1f} | {r['train_tok_s']:.0f} | {r['train_peak_mem_mb']:.0f} | "
               f"{r['train_iter_mem_mb']:.1f} | {mfu} |")
     print(f"\n{len(results)} models in {time.time() - t_all:.0f} s. On the CPU, peak MB is the peak resident memory of "
           f"a fresh process (Python and torch included) and train iter MB what one training iteration adds at its "
-          f"peak; KV cache for prompt {PROMPT} + {GEN} generated tokens.")
+          f"peak; KV cache for prompt {PROMPT} + {GEN} generated tokens. bound: what cached/recompute would be if "
+          f"a cached token cost only its weight matrix-vector products (timed alone, in this run).")
     off = [r["model"] for r in results if abs(r["kv_cache_mb"] - r["kv_cache_formula_mb"]) > 1e-3 * r["kv_cache_mb"]]
     print("KV cache sizes " + (f"DIFFER from SPEC section 5's formula for {off}" if off else
                                "equal SPEC section 5's formula 2 * applications * n * d * bytes for every model"))

@@ -88,18 +88,23 @@ class RMSNorm(nn.Module):
 
 
 def rope_table(block_size, head_dim, base=10000.0):
-    """cos and sin for positions 0..block_size-1, shape (block_size, head_dim), rotate-half layout."""
+    """RoPE tables for positions 0..block_size-1, each (block_size, head_dim), rotate-half layout.
+
+    Returns cos and sin_rot: sin with its first half negated. Rotate-half RoPE is
+    x * cos + [-x2, x1] * sin (x1, x2 the two halves of a head); [-x2, x1] * sin equals
+    [x2, x1] * sin_rot exactly (a sign flip is exact), and [x2, x1] is one roll of x.
+    """
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     ang = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq)
     ang = torch.cat([ang, ang], dim=-1)
-    return ang.cos(), ang.sin()
+    sin_rot = ang.sin()
+    sin_rot[:, :head_dim // 2] *= -1
+    return ang.cos(), sin_rot
 
 
-def apply_rope(x, cos, sin):
-    """Rotate-half RoPE: pairs (first half, second half) of each head. x: (B, H, t, hd)."""
-    h = x.size(-1) // 2
-    rotated = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x, cos, sin_rot):
+    """Rotate-half RoPE on the last dim (a head): x * cos + [-x2, x1] * sin, written with one roll."""
+    return x * cos + x.roll(x.size(-1) // 2, -1) * sin_rot
 
 
 class KVCache:
@@ -114,17 +119,19 @@ class KVCache:
         shape = (n_apps, batch_size, n_head, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)  # views, made once: decoding is op-bound
         self.max_len = max_len
         self.pos = 0
 
     def update(self, app, k, v):
-        """Write keys/values of positions pos..pos+t for one application, return all so far."""
-        t = k.size(2)  # (copy_ below converts to the cache's dtype)
+        """Write keys/values (B, H, t, hd) of positions pos..pos+t for one application, return all so far."""
+        t = k.size(2)
         if self.pos + t > self.max_len:
             raise ValueError(f"KV cache full: {self.pos} + {t} > {self.max_len}")
-        self.k[app, :, :, self.pos:self.pos + t] = k
-        self.v[app, :, :, self.pos:self.pos + t] = v
-        return self.k[app, :, :, :self.pos + t], self.v[app, :, :, :self.pos + t]
+        k_slot, v_slot = self.k_slots[app], self.v_slots[app]
+        k_slot.narrow(2, self.pos, t).copy_(k)  # copy_ converts to the cache's dtype
+        v_slot.narrow(2, self.pos, t).copy_(v)
+        return k_slot.narrow(2, 0, self.pos + t), v_slot.narrow(2, 0, self.pos + t)
 
     def nbytes(self):
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
@@ -141,14 +148,13 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, rope, cache=None, app=0):
         B, t, d = x.shape
-        hd = d // self.n_head
-        q, k, v = self.qkv(x).split(d, dim=2)
-        q, k, v = (z.view(B, t, self.n_head, hd).transpose(1, 2) for z in (q, k, v))
+        qkv = self.qkv(x).view(B, t, 3, self.n_head, d // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, H, t, hd)
         pos = cache.pos if cache is not None else 0
-        cos, sin = rope[0][pos:pos + t], rope[1][pos:pos + t]  # positions offset by the cache length
-        if cos.dtype != q.dtype:
-            cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cos, sin_rot = rope[0][pos:pos + t], rope[1][pos:pos + t]  # positions offset by the cache length
+        if cos.dtype != qkv.dtype:
+            cos, sin_rot = cos.to(qkv.dtype), sin_rot.to(qkv.dtype)
+        q, k = apply_rope(qkv[:2], cos, sin_rot).unbind(0)         # q and k rotated together
+        v = qkv[2]
         if cache is None or pos == 0:
             if cache is not None:
                 cache.update(app, k, v)
@@ -268,13 +274,13 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        cos, sin = rope_table(config.block_size, config.n_embd // config.n_head)
+        cos, sin_rot = rope_table(config.block_size, config.n_embd // config.n_head)
         self.register_buffer("rope_cos", cos, persistent=False)  # derived, not in the state_dict
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_sin_rot", sin_rot, persistent=False)
 
     @property
     def rope(self):
-        return self.rope_cos, self.rope_sin
+        return self.rope_cos, self.rope_sin_rot
 
     def _init_weights(self):
         """N(0, 0.02) for every linear and embedding weight (SPEC section 4)."""

@@ -48,7 +48,13 @@ def test_bench_tiny_end_to_end(tmp_path):
                     "kv_cache_mb", "train_ms_iter", "train_peak_mem_mb", "mfu"):
             assert r[key] > 0, (key, r)
         assert r["kv_cache_mb"] == pytest.approx(r["kv_cache_formula_mb"])
+        assert r["decode_matvec_ms"] > 0 and r["gen_speedup_bound"] > 0 and r["compiled"] is False
     hrm = rows[0]
+    # the floor reads each weight once per block application: HRM NT=12 at d=64 reads L_net's 12 times
+    d, V = 64, 50257 * 64 // 4096
+    block, fast, slow = 16 * d * d, 16 * d * d + 2 * 3 * d * d + d * d, 16 * d * d + 2 * 2 * d * d + d * d
+    fusion = 3 * d * 3 + d * d
+    assert hrm["decode_weight_mb"] == pytest.approx((block + 12 * fast + 4 * slow + fusion + V * d) * 4 / 2**20)
     # 17 block applications (1 + M + N) for HRM NT=12 vs 4 for T-L4: 2 * 17 * 192 * 64 * 4 bytes
     assert hrm["kv_cache_mb"] == pytest.approx(2 * 17 * 192 * 64 * 4 / 2**20)
     assert "| hrm_nt12 |" in p.stdout and "equal SPEC section 5's formula" in p.stdout
@@ -59,3 +65,15 @@ def test_unknown_model_is_one_line():
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode != 0 and "unknown model(s) ['gpt5']" in p.stderr
     assert set(PAPER) >= {"hrm_nt12", "tf_l4", "unitf_m12"}
+
+
+@pytest.mark.slow
+def test_bench_compile(tmp_path):
+    """--compile (about 90 s on 2 cores): the compiled forward gives the same kind of row."""
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--preset=tiny", "--models=hrm_nt4",
+                        "--compile", f"--json={out}"], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stderr
+    (r,) = json.loads(out.read_text())
+    assert r["compiled"] is True and r["gen_tok_s_cached"] > 0 and r["latency_ms"] > 0
+    assert "forward compiled" in p.stdout

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import ModelConfig, build_model
+from model import ModelConfig, apply_rope, build_model, rope_table
 
 V = 101  # small vocabulary for the functional tests
 
@@ -105,6 +105,27 @@ def test_baseline_state_dict_keys():
 def test_invalid_config_names_field(kw, field):
     with pytest.raises(ValueError, match=rf"\b{field}\b"):
         ModelConfig(**{**dict(n_embd=32, n_head=4), **kw})
+
+
+# --- RoPE (SPEC section 1: rotate-half, base 10000) -------------------------------------------------
+
+def test_rope_is_rotate_half():
+    """apply_rope (one roll, signed sin table) equals RoPE written out: x1*cos - x2*sin, x2*cos + x1*sin."""
+    hd, n = 8, 11
+    x = torch.randn(2, 3, n, hd, generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(n, dtype=torch.float32)
+    theta = 10000.0 ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)   # (hd/2,)
+    ang = pos[:, None] * theta[None, :]
+    x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
+    want = torch.cat([x1 * ang.cos() - x2 * ang.sin(), x2 * ang.cos() + x1 * ang.sin()], dim=-1)
+    cos, sin_rot = rope_table(32, hd)
+    got = apply_rope(x, cos[:n], sin_rot[:n])
+    assert (got - want).abs().max().item() < 1e-5
+    # and q.k after RoPE depends on the positions only through their difference
+    q, k = torch.randn(hd), torch.randn(hd)
+    def dot(i, j):
+        return (apply_rope(q, cos[i], sin_rot[i]) * apply_rope(k, cos[j], sin_rot[j])).sum()
+    assert abs(dot(5, 2) - dot(20, 17)) < 1e-4 and abs(dot(5, 2) - dot(5, 3)) > 1e-3
 
 
 # --- causality ----------------------------------------------------------------------------------
