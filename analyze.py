@@ -72,7 +72,7 @@ def val_ce(model, batches, device):
     losses = []
     for x, y in batches:
         logits, _ = model(x.to(device))
-        losses.append(F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.to(device).view(-1)).item())
+        losses.append(model.cross_entropy(logits, y.to(device)).item())
     return float(np.mean(losses))
 
 

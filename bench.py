@@ -33,6 +33,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from configurator import DTYPES, auto_device
 from model import ModelConfig, build_model
 
 V = 50257
@@ -150,7 +151,7 @@ def worker(phase, spec):
     device, preset = spec["device"], spec["preset"]
     p = PRESETS[preset]
     cfg = model_config(spec["model"], preset, **spec.get("override", {}))
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[p["dtype"]]
+    dtype = DTYPES[p["dtype"]]
     torch.manual_seed(0)
     model = build_model(cfg).to(device)
     out = {"params": model.num_params()}
@@ -259,7 +260,7 @@ def main():
         torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
         print(json.dumps(worker(args._worker, json.loads(args._spec))))
         return
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = auto_device(args.device)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in names if m not in PAPER]
     if unknown:
@@ -267,7 +268,7 @@ def main():
     p = PRESETS[args.preset]
     if args.preset == "paper" and device == "cpu":
         print("note: --preset=paper is sized for a GPU; on this CPU it will take very long", file=sys.stderr)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[p["dtype"]]
+    dtype = DTYPES[p["dtype"]]
     peak = measure_peak_tflops(device, dtype)
     dev_name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)"
     sheet = next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in dev_name), None) \

@@ -1,5 +1,6 @@
 """
-The tiny configurator shared by train.py, sample.py and bench.py (nanoGPT's, made strict).
+The tiny configurator shared by train.py, sample.py and bench.py (nanoGPT's, made strict),
+and the one place the scripts' "auto" device and dtype settings are resolved.
 
     python train.py config/X.py --batch_size=4 --compile=False
 
@@ -13,6 +14,11 @@ import ast
 import glob
 import os
 import sys
+from contextlib import nullcontext
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ConfigError(ValueError):
@@ -73,3 +79,22 @@ def configure(scope, argv=None, prog=None):
         sys.exit(2)
     scope.update(keys)
     return keys
+
+
+def auto_device(device):
+    """device="auto": "cuda" when a GPU is present, else "cpu"; any other value is kept."""
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def auto_dtype(dtype, device_type):
+    """dtype="auto": bfloat16 on a CUDA device that supports it, else float32; any other value is kept."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+
+
+def precision_context(device_type, dtype):
+    """The forward's precision: nothing for float32, else autocast to dtype (a DTYPES name)."""
+    return nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=DTYPES[dtype])

@@ -325,9 +325,10 @@ class LanguageModel(nn.Module):
         if last_only:
             x = x[:, -1:]
         logits = x @ self.wte.weight.T
-        return logits, (self._loss(logits, targets) if targets is not None else None)
+        return logits, (self.cross_entropy(logits, targets) if targets is not None else None)
 
-    def _loss(self, logits, targets):
+    def cross_entropy(self, logits, targets):
+        """Mean CE over the positions whose target is not -1, in float32 even under autocast."""
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
 
     @torch.no_grad()
@@ -425,7 +426,7 @@ class HRM(LanguageModel):
                 if targets is not None:
                     w_bar = w.float().mean(dim=(0, 1))                     # mean over batch and positions
                     entropy = -(w_bar * torch.log(w_bar)).sum()
-                    L_s = self._loss(logits, targets) - c.ent_lambda * entropy
+                    L_s = self.cross_entropy(logits, targets) - c.ent_lambda * entropy
                     loss = L_s / c.S if loss is None else loss + L_s / c.S
             z_L, z_H = z_L.detach(), z_H.detach()                         # sg(): no gradient across passes
         if cache is not None:

@@ -10,11 +10,10 @@ Decoding uses the per-application KV cache (model.py, SPEC section 5) unless --u
 import os
 import sys
 import time
-from contextlib import nullcontext
 
 import torch
 
-from configurator import configure
+from configurator import DTYPES, auto_device, auto_dtype, configure, precision_context
 from model import model_from_checkpoint
 from prepare import get_tokenizer
 
@@ -48,14 +47,12 @@ if top_k < 0:
     fail(f"top_k must be >= 1 (or 0 for no limit), got {top_k}")
 if num_samples < 1 or max_new_tokens < 0:
     fail("num_samples must be >= 1 and max_new_tokens >= 0")
-if device == "auto":
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+device = auto_device(device)
 device_type = "cuda" if device.startswith("cuda") else "cpu"
 if device_type == "cuda" and not torch.cuda.is_available():
     fail(f"device={device!r} but CUDA is not available")
-if dtype == "auto":
-    dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-if dtype not in ("float32", "bfloat16", "float16"):
+dtype = auto_dtype(dtype, device_type)
+if dtype not in DTYPES:
     fail(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
 
 path = os.path.join(out_dir, ckpt)
@@ -67,8 +64,7 @@ except Exception as e:
     fail(f"cannot load {path}: {type(e).__name__}: {e}")
 model.eval().to(device)
 torch.manual_seed(seed)
-ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
+ctx = precision_context(device_type, dtype)
 
 enc = get_tokenizer()
 if start.startswith("FILE:"):

@@ -19,14 +19,13 @@ import os
 import random
 import sys
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import configure
+from configurator import DTYPES, auto_device, auto_dtype, configure, precision_context
 from model import MODEL_FIELDS, ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
@@ -80,8 +79,7 @@ config = configure(globals(), prog="train.py")
 # --- process group -----------------------------------------------------------
 ddp = int(os.environ.get("RANK", -1)) != -1
 rank, local_rank, world_size = 0, 0, 1
-if device == "auto":
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+device = auto_device(device)
 if device.startswith("cuda") and not torch.cuda.is_available():
     print(f"train.py: error: device={device!r} but CUDA is not available", file=sys.stderr)
     sys.exit(2)
@@ -93,8 +91,7 @@ if ddp:
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
 master = rank == 0
 device_type = "cuda" if device.startswith("cuda") else "cpu"
-if dtype == "auto":
-    dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+dtype = auto_dtype(dtype, device_type)
 
 
 errors = []  # config and data errors found before any work; see stop_on_errors()
@@ -130,7 +127,7 @@ def log(msg):
 
 
 # --- everything checkable before work ----------------------------------------
-if dtype not in ("float32", "bfloat16", "float16"):
+if dtype not in DTYPES:
     fail(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
 if init_from not in ("scratch", "resume"):
     fail(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
@@ -213,8 +210,7 @@ if checkpoint is not None:
     iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     skipped_total = checkpoint.get("skipped_total", 0)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
-ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
+ctx = precision_context(device_type, dtype)
 
 raw_model = model
 if compile:
@@ -320,8 +316,7 @@ def estimate_loss():
             X, Y = get_batch(split, 1 + s, 0, k)  # the same batches at every eval, on any world size
             with ctx:
                 logits, _ = raw_model(X)
-            losses.append(torch.nn.functional.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), Y.view(-1)).item())
+            losses.append(raw_model.cross_entropy(logits, Y).item())
         out[split] = all_mean(losses)
     model.train()
     return out
@@ -351,8 +346,9 @@ while True:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
             with open(os.path.join(out_dir, "log.jsonl"), "a") as f:
                 f.write(json.dumps({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
-                                    "lr": lr, "grad_norm": last_grad_norm if math.isfinite(last_grad_norm) else None, "time_s": round(time.time() - t_start, 3),
-                                    "tokens": iter_num * tokens_per_iter, "skipped": skipped_total}) + "\n")
+                                    "lr": lr, "grad_norm": last_grad_norm if math.isfinite(last_grad_norm) else None,
+                                    "time_s": round(time.time() - t_start, 3), "tokens": iter_num * tokens_per_iter,
+                                    "skipped": skipped_total}) + "\n")
             if finite and iter_num > 0:  # a non-finite model never reaches a checkpoint
                 if losses["val"] < best_val_loss or always_save_checkpoint:
                     best_val_loss = min(best_val_loss, losses["val"])

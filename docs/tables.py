@@ -3,7 +3,6 @@
     python docs/tables.py out-repro
 """
 
-import json
 import os
 import sys
 
@@ -11,12 +10,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import ModelConfig, build_model  # noqa: E402
+from plot import read_log  # noqa: E402
 
 
 def final(run):
     """(final val loss, params) of a run: the last line of its log.jsonl and its checkpoint's model args."""
-    with open(os.path.join(run, "log.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = read_log(run)
     args = torch.load(os.path.join(run, "ckpt_last.pt"), map_location="cpu", weights_only=True)["model_args"]
     with torch.device("meta"):
         params = build_model(ModelConfig(**args)).num_params()
