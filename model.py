@@ -38,6 +38,8 @@ class ModelConfig:
     S: int = 1                 # hrm: supervision passes
     ent_lambda: float = 0.01   # hrm: weight of the fusion-entropy bonus (the paper gives no value; ours)
     unitf_init_c: float = 2.0  # unitf: c in std = 0.02/sqrt(c*M*d/4096) (paper v4 uses 4)
+    norm: str = "post"         # "post" (the paper) | "pre": x + f(RMSNorm(x)) in every block, a control for trainability
+    fast_only: bool = False    # hrm: a control with no Slow module, z_H held at z_H0 (re-injection and gating, no hierarchy)
 
     def __post_init__(self):
         def bad(field, why):
@@ -60,6 +62,10 @@ class ModelConfig:
             self.M = 12
         if not isinstance(self.M, int) or self.M < 1:
             bad("M", f"must be an integer >= 1, got {self.M!r}")
+        if self.norm not in ("post", "pre"):
+            bad("norm", f"must be 'post' (the paper) or 'pre', got {self.norm!r}")
+        if self.fast_only and self.arch != "hrm":
+            bad("fast_only", f"is an HRM control; arch={self.arch!r} has no Slow module to remove")
         if self.ent_lambda < 0:
             bad("ent_lambda", f"must be >= 0, got {self.ent_lambda}")
         if self.unitf_init_c <= 0:
@@ -183,16 +189,25 @@ class SwiGLU(nn.Module):
 
 
 class CausalAttnBlock(nn.Module):
-    """Post-norm block, 16d^2 + 2d parameters (SPEC section 1; the paper's 14d^2 is a slip)."""
+    """Post-norm block, 16d^2 + 2d parameters (SPEC section 1; the paper's 14d^2 is a slip).
 
-    def __init__(self, d, n_head):
+    norm="pre" (SPEC section 8, not the paper) moves the same two RMSNorms inside the residual
+    branches, x + attn(norm1(x)) then x + mlp(norm2(x)): the same parameters, a control for
+    whether a result is about the architecture or about post-norm's trainability.
+    """
+
+    def __init__(self, d, n_head, norm="post"):
         super().__init__()
+        self.pre = norm == "pre"
         self.attn = CausalSelfAttention(d, n_head)
         self.norm1 = RMSNorm(d)
         self.mlp = SwiGLU(d)
         self.norm2 = RMSNorm(d)
 
     def forward(self, x, rope, cache=None, app=0):
+        if self.pre:
+            x = x + self.attn(self.norm1(x), rope, cache, app)
+            return x + self.mlp(self.norm2(x))
         x = self.norm1(x + self.attn(x, rope, cache, app))   # x'
         return self.norm2(x + self.mlp(x))                   # x''
 
@@ -208,12 +223,12 @@ class CausalAttnBlock(nn.Module):
 class GatedModule(nn.Module):
     """One gated recurrent update: the Fast module (n_in=3) or the Slow module (n_in=2)."""
 
-    def __init__(self, d, n_head, n_in):
+    def __init__(self, d, n_head, n_in, norm="post"):
         super().__init__()
         self.norm = RMSNorm(n_in * d)
         self.gate = nn.Linear(n_in * d, d, bias=False)      # W_g
         self.proj_in = nn.Linear(n_in * d, d, bias=False)   # W_in
-        self.block = CausalAttnBlock(d, n_head)             # theta_L or theta_H, shared over steps
+        self.block = CausalAttnBlock(d, n_head, norm)       # theta_L or theta_H, shared over steps
         self.proj_out = nn.Linear(d, d, bias=False)         # W_out
         self.alpha = nn.Parameter(torch.tensor(0.1))        # injection scale, learned
 
@@ -228,8 +243,8 @@ class GatedModule(nn.Module):
 class FastModule(GatedModule):
     """L_net: runs every step; context [z_L; z_H; x~] (Eq. concat)."""
 
-    def __init__(self, d, n_head):
-        super().__init__(d, n_head, n_in=3)
+    def __init__(self, d, n_head, norm="post"):
+        super().__init__(d, n_head, n_in=3, norm=norm)
 
     def forward(self, z_L, z_H, x_tilde, rope, cache=None, app=0):
         return super().forward(z_L, (z_L, z_H, x_tilde), rope, cache, app)
@@ -238,8 +253,8 @@ class FastModule(GatedModule):
 class SlowModule(GatedModule):
     """H_net: fires when i % T == 0; context [z_H; z_L] with the z_L just computed."""
 
-    def __init__(self, d, n_head):
-        super().__init__(d, n_head, n_in=2)
+    def __init__(self, d, n_head, norm="post"):
+        super().__init__(d, n_head, n_in=2, norm=norm)
 
     def forward(self, z_H, z_L, rope, cache=None, app=0):
         return super().forward(z_H, (z_H, z_L), rope, cache, app)
@@ -324,6 +339,8 @@ class LanguageModel(nn.Module):
             cache.pos += x.size(1)
         if last_only:
             x = x[:, -1:]
+        if self.norm_f is not None:   # norm="pre" only (SPEC section 8)
+            x = self.norm_f(x)
         logits = x @ self.wte.weight.T
         return logits, (self.cross_entropy(logits, targets) if targets is not None else None)
 
@@ -374,10 +391,12 @@ class LanguageModel(nn.Module):
 class HRM(LanguageModel):
     def __init__(self, config):
         super().__init__(config)
-        d, h = config.n_embd, config.n_head
-        self.input_block = CausalAttnBlock(d, h)   # theta_I, applied once
-        self.L_net = FastModule(d, h)              # theta_L, every step
-        self.H_net = SlowModule(d, h)              # theta_H, every T steps
+        d, h, norm = config.n_embd, config.n_head, config.norm
+        self.input_block = CausalAttnBlock(d, h, norm)   # theta_I, applied once
+        self.L_net = FastModule(d, h, norm)              # theta_L, every step
+        # theta_H, every T steps; the fast_only control has none, and z_H stays z_H0. The output
+        # fusion normalises each of its inputs, so HRM needs no extra final norm under norm="pre".
+        self.H_net = None if config.fast_only else SlowModule(d, h, norm)
         self.fusion = OutputFusion(d)
         # fixed prototypes z^0 ~ TN(0, 1, [-2, 2]): buffers, so saved but never trained
         self.register_buffer("z_H0", torch.empty(d))
@@ -385,13 +404,14 @@ class HRM(LanguageModel):
         self.step_callback = None                  # optional f(i, fired, z_L, z_H_before, z_H_after), for analysis
         self._init_weights()
         self._init_shared_block(self.L_net.block, 0.02 / math.sqrt(config.M))
-        self._init_shared_block(self.H_net.block, 0.02 / math.sqrt(config.M))
+        if self.H_net is not None:
+            self._init_shared_block(self.H_net.block, 0.02 / math.sqrt(config.M))
         nn.init.trunc_normal_(self.z_H0, mean=0.0, std=1.0, a=-2.0, b=2.0)
         nn.init.trunc_normal_(self.z_L0, mean=0.0, std=1.0, a=-2.0, b=2.0)
 
     def n_cache_apps(self):
         c = self.config
-        return 1 + c.S * c.M + c.S * c.N
+        return 1 + c.S * c.M + (0 if c.fast_only else c.S * c.N)
 
     def one_pass(self, x_tilde, z_L, z_H, s=0, cache=None):
         """Algorithm 3: M steps; steps 1..M-K without gradient (Loop 4a), the last K with (Loop 4b)."""
@@ -402,7 +422,7 @@ class HRM(LanguageModel):
                 z_L = self.L_net(z_L, z_H, x_tilde, self.rope, cache, app=1 + s * c.M + (i - 1))
                 fired = i % c.T == 0
                 z_H_before = z_H
-                if fired:                      # the Slow module sees the z_L just computed
+                if fired and self.H_net is not None:  # the Slow module sees the z_L just computed
                     z_H = self.H_net(z_H, z_L, self.rope, cache, app=1 + c.S * c.M + s * c.N + i // c.T - 1)
                 if self.step_callback is not None:
                     self.step_callback(i, fired, z_L, z_H_before, z_H)
@@ -439,11 +459,13 @@ class HRM(LanguageModel):
 # ---------------------------------------------------------------------------
 
 class Transformer(LanguageModel):
-    """L independent post-norm blocks on the embedding, tied logits, no final norm."""
+    """L independent post-norm blocks on the embedding, tied logits, no final norm (norm="pre": one)."""
 
     def __init__(self, config):
         super().__init__(config)
-        self.blocks = nn.ModuleList(CausalAttnBlock(config.n_embd, config.n_head) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(CausalAttnBlock(config.n_embd, config.n_head, config.norm)
+                                    for _ in range(config.n_layer))
+        self.norm_f = RMSNorm(config.n_embd) if config.norm == "pre" else None  # pre-norm leaves x unnormalised
         self._init_weights()
 
     def n_cache_apps(self):
@@ -462,7 +484,8 @@ class UniTF(LanguageModel):
     def __init__(self, config):
         super().__init__(config)
         c = config
-        self.block = CausalAttnBlock(c.n_embd, c.n_head)
+        self.block = CausalAttnBlock(c.n_embd, c.n_head, c.norm)
+        self.norm_f = RMSNorm(c.n_embd) if c.norm == "pre" else None  # pre-norm leaves x unnormalised
         self._init_weights()
         self._init_shared_block(self.block, 0.02 / math.sqrt(c.unitf_init_c * c.M * c.n_embd / 4096))
 

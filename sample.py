@@ -15,7 +15,7 @@ import torch
 
 from configurator import DTYPES, auto_device, auto_dtype, configure, precision_context
 from model import model_from_checkpoint
-from prepare import get_tokenizer
+from prepare import get_codec, load_meta
 
 # -----------------------------------------------------------------------------
 init_from = "resume"         # "resume": the checkpoint in out_dir
@@ -59,21 +59,28 @@ path = os.path.join(out_dir, ckpt)
 if not os.path.exists(path):
     fail(f"no checkpoint at {path}; train one first (python train.py config/shakespeare_hrm.py)")
 try:
-    model = model_from_checkpoint(torch.load(path, map_location="cpu", weights_only=True))
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    model = model_from_checkpoint(checkpoint)
 except Exception as e:
     fail(f"cannot load {path}: {type(e).__name__}: {e}")
+# the tokenizer the model was trained with: the copy of meta.json in the checkpoint (older checkpoints:
+# the dataset's meta.json, else GPT-2 BPE)
+meta = checkpoint.get("meta") or load_meta(checkpoint["config"].get("data_dir", "data"), checkpoint["config"]["dataset"])
+if meta is not None and meta.get("vocab_size", model.config.vocab_size) != model.config.vocab_size:
+    fail(f"the model has vocab_size={model.config.vocab_size} but its dataset's meta.json says {meta['vocab_size']}")
+encode, decode = get_codec(meta)
+del checkpoint
 model.eval().to(device)
 torch.manual_seed(seed)
 ctx = precision_context(device_type, dtype)
 
-enc = get_tokenizer()
 if start.startswith("FILE:"):
     try:
         with open(start[5:], encoding="utf-8") as f:
             start = f.read()
     except OSError as e:
         fail(f"cannot read the prompt file: {e}")
-ids = enc.encode(start, allowed_special={"<|endoftext|>"}) or [enc.eot_token]
+ids = encode(start) or [0 if meta and meta.get("tokenizer") == "char" else 50256]  # "" -> <|endoftext|> (BPE)
 bs = model.config.block_size
 if len(ids) > bs:
     print(f"note: the prompt is {len(ids)} tokens, over block_size={bs}; keeping its last {bs} tokens",
@@ -86,6 +93,6 @@ with ctx:
         t0 = time.time()
         y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, use_cache=use_cache)
         dt = time.time() - t0
-        print(enc.decode(y[0].tolist()))
+        print(decode(y[0].tolist()))
         print(f"--------------- ({max_new_tokens} tokens in {dt:.2f} s, {max_new_tokens / max(dt, 1e-9):.1f} tok/s, "
               f"{'cached' if use_cache else 'full recompute'})", file=sys.stderr)

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import DTYPES, auto_device, auto_dtype, configure, precision_context
 from model import MODEL_FIELDS, ModelConfig, build_model
+from prepare import load_meta
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -46,7 +47,7 @@ batch_size = 12              # sequences per micro-batch
 block_size = 1024            # tokens per sequence
 # model (ModelConfig fields; see model.py)
 arch = "hrm"                 # "hrm" | "transformer" | "unitf"
-vocab_size = 50257           # GPT-2 BPE
+vocab_size = 0               # 0 = from data/<dataset>/meta.json (50257, GPT-2 BPE, where there is none)
 n_embd = 4096                # d
 n_head = 16                  # attention heads
 n_layer = 4                  # transformer: independent blocks L
@@ -57,6 +58,8 @@ K = 2                        # hrm/unitf: gradient window (last K steps)
 S = 1                        # hrm: supervision passes
 ent_lambda = 0.01            # hrm: fusion-entropy weight
 unitf_init_c = 2.0           # unitf: init std 0.02/sqrt(c*M*d/4096)
+norm = "post"                # "post" (the paper) or "pre" (x + f(RMSNorm(x)); a trainability control)
+fast_only = False            # hrm: the Fast module alone, no Slow module (a control for the hierarchy)
 # optimiser: AdamW, betas (0.9, 0.95), weight decay on matrices only (SPEC section 6)
 learning_rate = 1.5e-4       # peak learning rate
 min_lr = 1.5e-5              # cosine floor
@@ -138,12 +141,6 @@ for key in ("batch_size", "max_iters", "eval_iters", "eval_interval", "log_inter
     least = 0 if key == "max_iters" else 1
     if config[key] < least:
         fail(f"{key} must be >= {least}, got {config[key]}")
-model_args = {k: config[k] for k in MODEL_FIELDS}
-model_args["M"] = (M or None) if arch == "unitf" else None
-try:
-    model_config = ModelConfig(**model_args)
-except ValueError as e:
-    fail(str(e))
 data = {}
 for split in ("train", "val"):
     path = os.path.join(data_dir, dataset, f"{split}.bin")
@@ -154,6 +151,19 @@ for split in ("train", "val"):
     data[split] = np.memmap(path, dtype=np.uint16, mode="r")
     if len(data[split]) <= block_size + 1:
         fail(f"block_size={block_size} needs more than {block_size + 1} tokens, but {path} holds {len(data[split])}")
+# the vocabulary is the dataset's: a config may leave vocab_size at 0 or repeat it, never contradict it
+meta = load_meta(data_dir, dataset)
+data_vocab = meta["vocab_size"] if meta else 50257
+if vocab_size and vocab_size != data_vocab:
+    fail(f"vocab_size={vocab_size}, but {os.path.join(data_dir, dataset, 'meta.json')} says the dataset has "
+         f"{data_vocab} ({meta['tokenizer'] if meta else 'gpt2'}); leave vocab_size at 0 to take it from the data")
+vocab_size = config["vocab_size"] = data_vocab
+model_args = {k: config[k] for k in MODEL_FIELDS}
+model_args["M"] = (M or None) if arch == "unitf" else None
+try:
+    model_config = ModelConfig(**model_args)
+except ValueError as e:
+    fail(str(e))
 ckpt_last, ckpt_best = os.path.join(out_dir, "ckpt_last.pt"), os.path.join(out_dir, "ckpt.pt")
 if init_from == "resume" and not os.path.exists(ckpt_last):
     fail(f"init_from='resume' but {ckpt_last} does not exist")
@@ -190,7 +200,8 @@ if init_from == "resume":
         fail(f"cannot load {ckpt_last}: {type(e).__name__}: {first} (truncated, not a checkpoint, or unsafe)")
     else:
         saved = checkpoint.get("model_args", {})
-        diff = {k: (saved.get(k), model_args[k]) for k in model_args if saved.get(k) != model_args[k]}
+        diff = {k: (saved.get(k, getattr(ModelConfig, k)), model_args[k]) for k in model_args
+                if saved.get(k, getattr(ModelConfig, k)) != model_args[k]}  # a key older than the file: its default
         if diff:
             fail(f"{ckpt_last} holds a different model: " +
                  ", ".join(f"{k}={a!r} in the checkpoint vs {b!r} now" for k, (a, b) in diff.items()))
@@ -285,7 +296,7 @@ def save_checkpoint(path, rng_states):
     """Atomic: write a temporary file beside the target, fsync, then os.replace."""
     ckpt = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "model_args": model_args,
             "config": config, "iter_num": iter_num, "best_val_loss": best_val_loss,
-            "skipped_total": skipped_total, "rng": to_plain(rng_states)}
+            "skipped_total": skipped_total, "rng": to_plain(rng_states), "meta": meta}
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "wb") as f:
         torch.save(ckpt, f)

@@ -181,14 +181,17 @@ def test_config_loads_and_builds(path):
     cfg = apply_config([path], train_defaults())
     args = {k: cfg[k] for k in MODEL_FIELDS}
     args["M"] = (cfg["M"] or None) if cfg["arch"] == "unitf" else None
+    args["vocab_size"] = args["vocab_size"] or {"shakespeare_char": 80}.get(cfg["dataset"], 50257)  # 0: from meta.json
     with torch.device("meta"):
         model = build_model(ModelConfig(**args))
     n = model.num_params()
-    assert n == paper_size(cfg["arch"], cfg["n_embd"], cfg["n_layer"])
+    H_net = 21 * cfg["n_embd"] ** 2 + 4 * cfg["n_embd"] + 1 if cfg["fast_only"] else 0  # the control has none
+    extra = cfg["n_embd"] if cfg["norm"] == "pre" and cfg["arch"] != "hrm" else 0      # pre-norm's final norm
+    assert n == paper_size(cfg["arch"], cfg["n_embd"], cfg["n_layer"], V=args["vocab_size"]) - H_net + extra
     name = os.path.basename(path)[:-3]
     if name in PAPER_ROWS:
         assert round(n / 1e6) == PAPER_ROWS[name]
-    if not name.startswith("shakespeare"):
+    if not name.startswith(("shakespeare", "char_")):
         assert cfg["dataset"] == "openwebtext" and cfg["block_size"] == 1024 and cfg["batch_size"] == 12
         assert cfg["batch_size"] * cfg["gradient_accumulation_steps"] == 72  # 12 x 6 GPUs
         assert cfg["min_lr"] < cfg["learning_rate"] and cfg["max_iters"] in (10000, 20000, 60000)
