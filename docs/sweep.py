@@ -10,7 +10,8 @@ stop), then prints every table and draws every plot from the runs' logs:
 Phases (each run is a plain train.py command, printed before it starts):
   1. character testbed, 8 variants x 4 learning rates, seed 1337: HRM, Transformer L=4, UniTF
      (each post- and pre-norm) at matched stored parameters, plus two controls: HRM's Fast module
-     alone (no Slow module) and UniTF with full backprop (K = M).
+     alone (no Slow module) and UniTF with full backprop (K = M). Where a variant's best learning
+     rate is at the edge of what it tried, the next half-decade step that way is run too (1b).
   2. each variant's best learning rate with 2 more seeds (3 in all).
   3. BPE testbed (config/shakespeare_*.py): the six architecture x norm variants at their best
      character-level learning rate and one grid step each side, seed 1337.
@@ -34,7 +35,7 @@ from prepare import unigram_ce  # noqa: E402
 
 OUT = "out-sweep"                          # every run's out_dir is under here
 LRS = [3e-4, 1e-3, 3e-3, 1e-2]            # phase 1 grid: 1.5 decades, half-decade steps
-GRID = [1e-4] + LRS + [3e-2]              # the grid extended one step each side, for phase 3
+GRID = [3e-5, 1e-4] + LRS + [3e-2, 1e-1]  # where a variant's best is at an edge, the grid grows that way
 SEEDS = [1337, 42, 2024]
 # variant: (config file, overrides); the UniTF on BPE is widened to d=144 to match stored parameters
 CHAR = {
@@ -129,10 +130,33 @@ def run_all(jobs, workers):
                   f"about {el / done * left / 60:.0f} min left", flush=True)
 
 
+def tried(testbed, variant):
+    """The grid points this variant has a finished seed-1337 run at."""
+    return [lr for lr in GRID if finished(run_dir(testbed, variant, lr, SEEDS[0]))]
+
+
 def best_lr(testbed, variant):
-    vals = {lr: final_val(run_dir(testbed, variant, lr, SEEDS[0])) for lr in LRS}
+    vals = {lr: final_val(run_dir(testbed, variant, lr, SEEDS[0])) for lr in tried(testbed, variant)}
+    if not vals:
+        return None
     lr = min(vals, key=vals.get)
     return lr if math.isfinite(vals[lr]) else None
+
+
+def edge_runs():
+    """Phase 1b: a variant whose best lr is the highest (lowest) it tried gets the next grid point up
+    (down), so every reported best is bracketed by a worse lr on each side where the grid allows."""
+    jobs = []
+    for v in CHAR:
+        lrs, lr = tried("char", v), best_lr("char", v)
+        if lr is None:
+            continue
+        i = GRID.index(lr)
+        if lr == lrs[-1] and i + 1 < len(GRID):
+            jobs.append(command("char", v, GRID[i + 1], SEEDS[0]))
+        if lr == lrs[0] and i > 0:
+            jobs.append(command("char", v, GRID[i - 1], SEEDS[0]))
+    return jobs
 
 
 def phase1():
@@ -207,17 +231,18 @@ def tables(plots=True):
           f"character testbed {uni['char']:.3f}, BPE testbed {uni['bpe']:.3f} nats/token\n")
 
     print("### Character testbed: validation CE after 400 iterations, by learning rate (seed 1337)\n")
-    print("| variant | params | " + " | ".join(f"lr {lr_name(lr)}" for lr in LRS) + " | best lr |")
-    print("|---|---|" + "---|" * (len(LRS) + 1))
+    cols = [lr for lr in GRID if any(lr in tried("char", v) for v in CHAR)]
+    print("| variant | params | " + " | ".join(f"lr {lr_name(lr)}" for lr in cols) + " | best lr |")
+    print("|---|---|" + "---|" * (len(cols) + 1))
     best = {}
     for v in CHAR:
-        vals = [final_val(run_dir("char", v, lr, SEEDS[0])) for lr in LRS]
+        vals = [final_val(run_dir("char", v, lr, SEEDS[0])) if lr in tried("char", v) else None for lr in cols]
         best[v] = best_lr("char", v)
         p = params_of(run_dir("char", v, LRS[0], SEEDS[0]))
-        cells = [("**" + fmt(x) + "**") if lr == best[v] else fmt(x) for lr, x in zip(LRS, vals)]
+        cells = ["-" if x is None else ("**" + fmt(x) + "**") if lr == best[v] else fmt(x) for lr, x in zip(cols, vals)]
         print(f"| {v} | {p / 1e6:.2f}M | " + " | ".join(cells) + f" | {lr_name(best[v]) if best[v] else '-'} |"
               if p else f"| {v} | - | " + " | ".join(cells) + " | - |")
-    print(f"| unigram | - | " + " | ".join(f"{uni['char']:.3f}" for _ in LRS) + " | - |\n")
+    print(f"| unigram | - | " + " | ".join(f"{uni['char']:.3f}" for _ in cols) + " | - |\n")
 
     print("### Character testbed: each variant at its best learning rate, 3 seeds\n")
     print("| variant | lr | " + " | ".join(f"seed {s}" for s in SEEDS) + " | mean ± sd | below unigram |")
@@ -350,6 +375,11 @@ def main():
             sys.exit(f"sweep.py: error: data/{ds} not found; run python prepare.py {hint}")
     if not args.tables:
         run_all(phase1(), args.workers)
+        while True:                      # grow the grid until each best is bracketed
+            jobs = edge_runs()
+            if not jobs:
+                break
+            run_all(jobs, args.workers)
         run_all(phase234(), args.workers)
     tables()
 

@@ -32,8 +32,11 @@ def test_greedy_identical_with_and_without_cache(ckpt_dir):
 
 
 def test_sampling_is_seeded(ckpt_dir):
-    common = [f"--out_dir={ckpt_dir}", "--num_samples=2", "--max_new_tokens=20", "--seed=7"]
-    assert sample(*common).stdout == sample(*common).stdout
+    common = [f"--out_dir={ckpt_dir}", "--num_samples=2", "--max_new_tokens=20"]
+    a, b, c = sample(*common, "--seed=7"), sample(*common, "--seed=7"), sample(*common, "--seed=8")
+    assert a.returncode == b.returncode == c.returncode == 0, a.stderr + c.stderr
+    assert a.stdout.count("\n") >= 2 and a.stderr.count("tokens in") == 2  # two samples were drawn
+    assert a.stdout == b.stdout and a.stdout != c.stdout
 
 
 def test_long_prompt_is_cropped_with_a_note(ckpt_dir, tmp_path):
