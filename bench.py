@@ -6,6 +6,7 @@ measured side by side in one run on this machine.
     python bench.py --preset=paper                           # d=4096, seq 1024, bf16: for a GPU
     python bench.py --preset=cpu --models=hrm_nt12,tf_l4     # a subset
     python bench.py --preset=cpu --models=hrm_nt12 --compile # torch.compile'd forward (a minute per model)
+    python bench.py --preset=cpu --models=beyond             # the options beyond the paper (SPEC section 8)
 
 For every model, each phase runs in a fresh process, so that on the CPU the peak resident
 memory of the process is that model's alone (on CUDA: torch.cuda.max_memory_allocated).
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from configurator import DTYPES, auto_device
-from model import ModelConfig, build_model
+from model import ModelConfig, build_model, fast_attn_schedule
 
 V = 50257
 # the paper's Latency/GenSpeed rows (d=4096 unless noted)
@@ -45,6 +46,18 @@ PAPER = {
     "hrm_nt12": dict(arch="hrm", N=4, T=3, K=2), "hrm_nt36": dict(arch="hrm", N=12, T=3, K=2, n_embd=2048),
     "unitf_m12": dict(arch="unitf", M=12, K=2),
 }
+# the options beyond the paper (SPEC section 8), measured only when named (--models=beyond: all of them)
+BEYOND = {
+    "hrm_nt12_full": dict(arch="hrm", N=4, T=3, K=12),                           # full BPTT, K = M
+    "hrm_nt12_gradckpt_full": dict(arch="hrm", N=4, T=3, K=12, grad_ckpt=True),  # the same, steps recomputed
+    "hrm_nt12_kslow4": dict(arch="hrm", N=4, T=3, K=2, K_slow=4),                # gradient along all 4 firings
+    "hrm_nt12_hybrid4": dict(arch="hrm", N=4, T=3, K=2, fast_attn_steps=4),      # 4 of 12 Fast steps attend
+    "hrm_nt12_rnn": dict(arch="hrm", N=4, T=3, K=2, fast_attn_steps=0),          # no Fast step attends
+    "hrm_m48_k2": dict(arch="hrm", N=24, T=2, K=2),                              # M = 48: the paper's window
+    "hrm_m48_full": dict(arch="hrm", N=24, T=2, K=48),
+    "hrm_m48_gradckpt_full": dict(arch="hrm", N=24, T=2, K=48, grad_ckpt=True),
+}
+ROWS = {**PAPER, **BEYOND}
 PRESETS = {
     # the paper's setting: d=4096 (hrm_nt36: 2048), 16 heads, seq 1024, bfloat16
     "paper": dict(d=4096, n_head=16, seq=1024, vocab=V, dtype="bfloat16", reps=20, gen_reps=5, train_reps=5,
@@ -65,7 +78,7 @@ DATASHEET_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 36
 
 def model_config(name, preset, **override):
     p = PRESETS[preset]
-    kw = dict(PAPER[name])
+    kw = dict(ROWS[name])
     d = kw.pop("n_embd", 4096) * p["d"] // 4096
     kw.update(override)
     return ModelConfig(vocab_size=kw.pop("vocab_size", p["vocab"]), block_size=max(p["seq"], PROMPT + GEN),
@@ -138,12 +151,22 @@ def block_flops(cfg, batch, n):
 
 
 def train_flops(cfg, batch, n):
+    """The paper's model, S (M + 2K) C (UniTF: S = 1), from M steps forward and K of them backward (2 C
+    each). The options of SPEC section 8 add: a Fast step that skips attention costs B n 24 d^2 (no W_qkv,
+    W_o, scores); grad_ckpt runs every step with gradient once more; K_slow's firings outside the window
+    cost their backward (the paper's model leaves Slow firings out; so does this one otherwise)."""
     C = block_flops(cfg, batch, n)
-    if cfg.arch == "hrm":
-        return cfg.S * (cfg.M + 2 * min(cfg.K, cfg.M)) * C
+    if cfg.arch == "transformer":
+        return 3 * cfg.n_layer * C
+    M, K = cfg.M, min(cfg.K, cfg.M)
+    back = 2 + cfg.grad_ckpt          # backward (+ recompute) FLOPs per forward FLOP of a step with gradient
+    attend = set(fast_attn_schedule(M, cfg.fast_attn_steps if cfg.arch == "hrm" else None))
+    pw = batch * n * 24 * cfg.n_embd ** 2
+    total = sum((C if i in attend else pw) * (1 + back * (i > M - K)) for i in range(1, M + 1))
     if cfg.arch == "unitf":
-        return (cfg.M + 2 * min(cfg.K, cfg.M)) * C
-    return 3 * cfg.n_layer * C
+        return total
+    extra_firings = max(0, min(cfg.K_slow, cfg.N) - min(cfg.N, -(-K // cfg.T)))  # beyond the window's own
+    return cfg.S * (total + back * extra_firings * C)
 
 
 def worker(phase, spec):
@@ -247,7 +270,8 @@ def fmt(v, spec=".1f"):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    ap.add_argument("--models", default=",".join(PAPER), help="comma-separated subset of " + ",".join(PAPER))
+    ap.add_argument("--models", default=",".join(PAPER), help="comma-separated subset of " + ",".join(ROWS) +
+                    "; beyond = " + ",".join(BEYOND))
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--compile", action="store_true",
@@ -261,10 +285,10 @@ def main():
         print(json.dumps(worker(args._worker, json.loads(args._spec))))
         return
     device = auto_device(args.device)
-    names = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in names if m not in PAPER]
+    names = [n for m in args.models.split(",") if m.strip() for n in (BEYOND if m.strip() == "beyond" else [m.strip()])]
+    unknown = [m for m in names if m not in ROWS]
     if unknown:
-        sys.exit(f"bench.py: error: unknown model(s) {unknown}; choose from {', '.join(PAPER)}")
+        sys.exit(f"bench.py: error: unknown model(s) {unknown}; choose from {', '.join(ROWS)} (or beyond)")
     p = PRESETS[args.preset]
     if args.preset == "paper" and device == "cpu":
         print("note: --preset=paper is sized for a GPU; on this CPU it will take very long", file=sys.stderr)

@@ -10,6 +10,9 @@ Transformers") and ../shared/SPEC.md. The order below follows the paper:
   5. HRM: input encoding, Algorithms 2 (forward) and 3 (one pass)
   6. the baselines: Transformer (L independent blocks) and UniTF (one block, M times)
   7. cached decoding (SPEC section 5), which the paper describes but never built
+Options beyond the paper (SPEC section 8), each off by default: norm, fast_only, and the paper's own
+future work -- K_slow (hierarchical BPTT), grad_ckpt (full BPTT at flat memory), fast_attn_steps (hybrid
+attention). Chunked BPTT needs no option: it is S = M/C passes of C steps with K = C (tests/test_model.py).
 """
 
 import math
@@ -19,6 +22,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 ARCHS = ("hrm", "transformer", "unitf")
 
@@ -40,6 +44,9 @@ class ModelConfig:
     unitf_init_c: float = 2.0  # unitf: c in std = 0.02/sqrt(c*M*d/4096) (paper v4 uses 4)
     norm: str = "post"         # "post" (the paper) | "pre": x + f(RMSNorm(x)) in every block, a control for trainability
     fast_only: bool = False    # hrm: a control with no Slow module, z_H held at z_H0 (re-injection and gating, no hierarchy)
+    K_slow: int = 0            # hrm: the last K_slow Slow firings of a pass also carry gradient ("hierarchical BPTT")
+    grad_ckpt: bool = False    # hrm/unitf: steps with gradient are recomputed in backward (same gradients, flat memory)
+    fast_attn_steps: Optional[int] = None  # hrm: how many Fast steps attend (None: all M; 0: position-wise, RNN-style)
 
     def __post_init__(self):
         def bad(field, why):
@@ -66,6 +73,16 @@ class ModelConfig:
             bad("norm", f"must be 'post' (the paper) or 'pre', got {self.norm!r}")
         if self.fast_only and self.arch != "hrm":
             bad("fast_only", f"is an HRM control; arch={self.arch!r} has no Slow module to remove")
+        if not isinstance(self.K_slow, int) or isinstance(self.K_slow, bool) or self.K_slow < 0:
+            bad("K_slow", f"must be an integer >= 0 (0 = the paper), got {self.K_slow!r}")
+        if self.K_slow and (self.arch != "hrm" or self.fast_only):
+            bad("K_slow", f"needs a Slow module (arch='hrm', fast_only=False); got arch={self.arch!r}")
+        if not isinstance(self.grad_ckpt, bool) or (self.grad_ckpt and self.arch == "transformer"):
+            bad("grad_ckpt", f"must be True or False, and is for the recurrent archs hrm/unitf; got {self.grad_ckpt!r}")
+        k = self.fast_attn_steps
+        if k is not None and (self.arch != "hrm" or not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= self.M):
+            bad("fast_attn_steps", f"is None (all M steps attend) or an integer 0..M={self.M} for arch='hrm'; "
+                                   f"got {k!r} with arch={self.arch!r}")
         if self.ent_lambda < 0:
             bad("ent_lambda", f"must be >= 0, got {self.ent_lambda}")
         if self.unitf_init_c <= 0:
@@ -196,20 +213,24 @@ class CausalAttnBlock(nn.Module):
     whether a result is about the architecture or about post-norm's trainability.
     """
 
-    def __init__(self, d, n_head, norm="post"):
+    def __init__(self, d, n_head, norm="post", attn=True):
         super().__init__()
         self.pre = norm == "pre"
-        self.attn = CausalSelfAttention(d, n_head)
-        self.norm1 = RMSNorm(d)
+        self.attn = CausalSelfAttention(d, n_head) if attn else None  # attn=False: never attends (no keys)
+        self.norm1 = RMSNorm(d) if attn or not self.pre else None     # pre-norm's norm1 feeds attention only
         self.mlp = SwiGLU(d)
         self.norm2 = RMSNorm(d)
 
     def forward(self, x, rope, cache=None, app=0):
+        """app: this application's KV cache slot. app=None skips the attention sublayer, a = 0
+        (fast_attn_steps, SPEC section 8): x' = RMSNorm(x) post-norm, x' = x pre-norm; the rest is
+        unchanged, so the block becomes position-wise and needs no cache."""
         if self.pre:
-            x = x + self.attn(self.norm1(x), rope, cache, app)
+            if app is not None:
+                x = x + self.attn(self.norm1(x), rope, cache, app)
             return x + self.mlp(self.norm2(x))
-        x = self.norm1(x + self.attn(x, rope, cache, app))   # x'
-        return self.norm2(x + self.mlp(x))                   # x''
+        x = self.norm1(x if app is None else x + self.attn(x, rope, cache, app))   # x'
+        return self.norm2(x + self.mlp(x))                                          # x''
 
 
 # ---------------------------------------------------------------------------
@@ -223,12 +244,12 @@ class CausalAttnBlock(nn.Module):
 class GatedModule(nn.Module):
     """One gated recurrent update: the Fast module (n_in=3) or the Slow module (n_in=2)."""
 
-    def __init__(self, d, n_head, n_in, norm="post"):
+    def __init__(self, d, n_head, n_in, norm="post", attn=True):
         super().__init__()
         self.norm = RMSNorm(n_in * d)
         self.gate = nn.Linear(n_in * d, d, bias=False)      # W_g
         self.proj_in = nn.Linear(n_in * d, d, bias=False)   # W_in
-        self.block = CausalAttnBlock(d, n_head, norm)       # theta_L or theta_H, shared over steps
+        self.block = CausalAttnBlock(d, n_head, norm, attn)  # theta_L or theta_H, shared over steps
         self.proj_out = nn.Linear(d, d, bias=False)         # W_out
         self.alpha = nn.Parameter(torch.tensor(0.1))        # injection scale, learned
 
@@ -243,8 +264,8 @@ class GatedModule(nn.Module):
 class FastModule(GatedModule):
     """L_net: runs every step; context [z_L; z_H; x~] (Eq. concat)."""
 
-    def __init__(self, d, n_head, norm="post"):
-        super().__init__(d, n_head, n_in=3, norm=norm)
+    def __init__(self, d, n_head, norm="post", attn=True):
+        super().__init__(d, n_head, n_in=3, norm=norm, attn=attn)
 
     def forward(self, z_L, z_H, x_tilde, rope, cache=None, app=0):
         return super().forward(z_L, (z_L, z_H, x_tilde), rope, cache, app)
@@ -315,8 +336,15 @@ class LanguageModel(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def n_cache_apps(self):
-        """How many block applications one forward makes (= KV caches needed)."""
+        """How many attending block applications one forward makes (= KV caches needed)."""
         raise NotImplementedError
+
+    def _step(self, module, *args):
+        """One recurrent step, module(*args). With grad_ckpt (SPEC section 8) a step that carries gradient
+        keeps only its inputs, the states between steps, and is recomputed in backward (non-reentrant)."""
+        if self.config.grad_ckpt and torch.is_grad_enabled():
+            return checkpoint(module, *args, use_reentrant=False)
+        return module(*args)
 
     def kv_cache_bytes(self, seq_len, batch_size=1, dtype=torch.float32):
         """Size of a full KV cache: 2 * applications * n * d * bytes per sequence (SPEC section 5)."""
@@ -388,12 +416,25 @@ class LanguageModel(nn.Module):
 # 5. HRM (SPEC section 2): input encoding, Algorithm 2 (forward), Algorithm 3 (one pass)
 # ---------------------------------------------------------------------------
 
+def fast_attn_schedule(M, k):
+    """The Fast steps (of 1..M) that attend when fast_attn_steps = k (None: all M, the paper).
+
+    The paper's "hybrid" Fast module (Table design_choice) leaves the choice open. Ours: k evenly spaced
+    steps ending at step M, i = M - floor(j M / k) for j < k. Step M is then inside every gradient window,
+    so attention is trained even at K = 1 (a step outside the last K gets no gradient at all); the spacing
+    lets every stretch of position-wise steps start from freshly mixed context; and k = N puts them
+    exactly on the Slow-firing steps (i % T == 0), so every Slow firing reads a z_L that has just attended.
+    """
+    k = M if k is None else k
+    return sorted({M - j * M // k for j in range(k)})
+
+
 class HRM(LanguageModel):
     def __init__(self, config):
         super().__init__(config)
         d, h, norm = config.n_embd, config.n_head, config.norm
         self.input_block = CausalAttnBlock(d, h, norm)   # theta_I, applied once
-        self.L_net = FastModule(d, h, norm)              # theta_L, every step
+        self.L_net = FastModule(d, h, norm, attn=config.fast_attn_steps != 0)  # theta_L, every step
         # theta_H, every T steps; the fast_only control has none, and z_H stays z_H0. The output
         # fusion normalises each of its inputs, so HRM needs no extra final norm under norm="pre".
         self.H_net = None if config.fast_only else SlowModule(d, h, norm)
@@ -408,24 +449,47 @@ class HRM(LanguageModel):
             self._init_shared_block(self.H_net.block, 0.02 / math.sqrt(config.M))
         nn.init.trunc_normal_(self.z_H0, mean=0.0, std=1.0, a=-2.0, b=2.0)
         nn.init.trunc_normal_(self.z_L0, mean=0.0, std=1.0, a=-2.0, b=2.0)
+        # fast_slot[i-1]: Fast step i's KV cache slot among the attending steps of a pass, None if it does not attend
+        attending = fast_attn_schedule(config.M, config.fast_attn_steps)
+        self.fast_slot = [attending.index(i) if i in attending else None for i in range(1, config.M + 1)]
+        self.n_fast_apps = len(attending)
 
     def n_cache_apps(self):
+        """1 (input block) + S k (attending Fast steps; k = M in the paper) + S N (Slow firings)."""
         c = self.config
-        return 1 + c.S * c.M + (0 if c.fast_only else c.S * c.N)
+        return 1 + c.S * self.n_fast_apps + (0 if c.fast_only else c.S * c.N)
 
     def one_pass(self, x_tilde, z_L, z_H, s=0, cache=None):
-        """Algorithm 3: M steps; steps 1..M-K without gradient (Loop 4a), the last K with (Loop 4b)."""
+        """Algorithm 3: M steps; steps 1..M-K without gradient (Loop 4a), the last K with (Loop 4b).
+
+        K_slow = k >= 1 (SPEC section 8; the paper's "Hierarchical BPTT", section "Path to Large-Scale
+        Validation") also applies Slow firings j > N - k with gradient. Exactly these carry gradient then:
+          - z_L of Fast steps i > M - K (the Fast window), as in the paper; earlier Fast steps stay no_grad
+            even when the z_H they read has gradient, so nothing of theirs is kept;
+          - z_H of every firing j > N - k or inside the Fast window: a chain, so the gradient reaching z_H
+            (from the fusion, and from the window's Fast steps, which read z_H) runs back across them;
+          - a firing outside the Fast window reads a z_L made under no_grad, i.e. detached: its gradient
+            reaches theta_H, W^H and z_H, never theta_L. The chain starts at firing N - k + 1, whose input
+            z_H (from a no_grad firing) is detached too, and passes never connect (sg in Algorithm 2).
+        Kept activations: K Fast steps and max(k, firings in the window) Slow firings, not M steps.
+        """
         c = self.config
         grad = torch.is_grad_enabled()
         for i in range(1, c.M + 1):            # i counts from 1 in every pass
-            with torch.set_grad_enabled(grad and i > c.M - c.K):
-                z_L = self.L_net(z_L, z_H, x_tilde, self.rope, cache, app=1 + s * c.M + (i - 1))
-                fired = i % c.T == 0
-                z_H_before = z_H
-                if fired and self.H_net is not None:  # the Slow module sees the z_L just computed
-                    z_H = self.H_net(z_H, z_L, self.rope, cache, app=1 + c.S * c.M + s * c.N + i // c.T - 1)
-                if self.step_callback is not None:
-                    self.step_callback(i, fired, z_L, z_H_before, z_H)
+            in_window = grad and i > c.M - c.K
+            slot = self.fast_slot[i - 1]       # None: this step's attention is skipped (fast_attn_steps)
+            with torch.set_grad_enabled(in_window):
+                z_L = self._step(self.L_net, z_L, z_H, x_tilde, self.rope, cache,
+                                 None if slot is None else 1 + s * self.n_fast_apps + slot)
+            fired = i % c.T == 0
+            z_H_before = z_H
+            if fired and self.H_net is not None:  # the Slow module sees the z_L just computed
+                j = i // c.T                      # firing j of N in this pass
+                with torch.set_grad_enabled(in_window or (grad and j > c.N - c.K_slow)):
+                    z_H = self._step(self.H_net, z_H, z_L, self.rope, cache,
+                                     1 + c.S * self.n_fast_apps + s * c.N + j - 1)
+            if self.step_callback is not None:
+                self.step_callback(i, fired, z_L, z_H_before, z_H)
         return z_L, z_H
 
     def forward(self, idx, targets=None, cache=None, last_only=False):
@@ -498,7 +562,7 @@ class UniTF(LanguageModel):
         grad = torch.is_grad_enabled()
         for i in range(1, c.M + 1):
             with torch.set_grad_enabled(grad and i > c.M - c.K):
-                x = self.block(x, self.rope, cache, app=i - 1)
+                x = self._step(self.block, x, self.rope, cache, i - 1)
         return self._tied_head(x, targets, cache, last_only)
 
 

@@ -60,6 +60,9 @@ ent_lambda = 0.01            # hrm: fusion-entropy weight
 unitf_init_c = 2.0           # unitf: init std 0.02/sqrt(c*M*d/4096)
 norm = "post"                # "post" (the paper) or "pre" (x + f(RMSNorm(x)); a trainability control)
 fast_only = False            # hrm: the Fast module alone, no Slow module (a control for the hierarchy)
+K_slow = 0                   # hrm: the last K_slow Slow firings also carry gradient (0 = the paper; "hierarchical BPTT")
+grad_ckpt = False            # hrm/unitf: recompute the steps with gradient in backward (same gradients, flat memory)
+fast_attn_steps = None       # hrm: Fast steps that attend (None = all M, the paper; 0 = position-wise, RNN-style)
 # optimiser: AdamW, betas (0.9, 0.95), weight decay on matrices only (SPEC section 6)
 learning_rate = 1.5e-4       # peak learning rate
 min_lr = 1.5e-5              # cosine floor

@@ -101,6 +101,10 @@ def test_baseline_state_dict_keys():
     (dict(n_embd=30, n_head=4), "n_embd"), (dict(K=0), "K"), (dict(T=0), "T"), (dict(N=0), "N"),
     (dict(S=0), "S"), (dict(arch="gpt"), "arch"), (dict(arch="hrm", N=2, T=2, M=5), "M"),
     (dict(arch="unitf", M=0), "M"), (dict(n_embd=12, n_head=4), "n_head"), (dict(ent_lambda=-1.0), "ent_lambda"),
+    (dict(K_slow=-1), "K_slow"), (dict(K_slow=1, fast_only=True), "K_slow"), (dict(arch="unitf", K_slow=1), "K_slow"),
+    (dict(grad_ckpt=1), "grad_ckpt"), (dict(arch="transformer", grad_ckpt=True), "grad_ckpt"),
+    (dict(fast_attn_steps=13), "fast_attn_steps"), (dict(fast_attn_steps=-1), "fast_attn_steps"),
+    (dict(arch="unitf", fast_attn_steps=2), "fast_attn_steps"),
 ])
 def test_invalid_config_names_field(kw, field):
     with pytest.raises(ValueError, match=rf"\b{field}\b"):
@@ -131,7 +135,8 @@ def test_rope_is_rotate_half():
 # --- causality ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cfg", [tiny("hrm", N=2, T=2, K=2, S=2), tiny("transformer", n_layer=2),
-                                 tiny("unitf", M=3, K=1)], ids=["hrm", "transformer", "unitf"])
+                                 tiny("unitf", M=3, K=1), tiny("hrm", N=2, T=2, fast_attn_steps=1)],
+                         ids=["hrm", "transformer", "unitf", "hrm-hybrid1"])
 def test_causality(cfg):
     m = make(cfg, scale=5.0).eval()
     idx = torch.randint(0, V, (2, 24), generator=torch.Generator().manual_seed(1))
@@ -280,8 +285,11 @@ def test_loss_is_mean_over_passes_and_entropy_term(batch):
 # --- cached decoding (SPEC section 5) ------------------------------------------------------------
 
 CACHE_CFGS = [tiny("hrm", N=2, T=2, K=1, S=1), tiny("hrm", N=2, T=2, K=1, S=2),
-              tiny("transformer", n_layer=3), tiny("unitf", M=3, K=1)]
-CACHE_IDS = ["hrm-S1", "hrm-S2", "transformer", "unitf"]
+              tiny("transformer", n_layer=3), tiny("unitf", M=3, K=1),
+              # fast_attn_steps (SPEC section 8): caches for the attending applications only
+              tiny("hrm", N=3, T=2, K=1, S=2, fast_attn_steps=2), tiny("hrm", N=2, T=2, K=1, fast_attn_steps=0),
+              tiny("hrm", N=2, T=2, K=1, fast_only=True, fast_attn_steps=1)]
+CACHE_IDS = ["hrm-S1", "hrm-S2", "transformer", "unitf", "hrm-hybrid2-S2", "hrm-rnn", "hrm-fast_only-hybrid1"]
 
 
 @pytest.mark.parametrize("cfg", CACHE_CFGS, ids=CACHE_IDS)
@@ -296,7 +304,9 @@ def test_cached_logits_match_full_forward(cfg):
         chunks.append(m(idx[:, 40:], cache=cache)[0])                    # a chunk after the prefix
     cached = torch.cat(chunks, dim=1)
     assert cache.pos == 50
-    assert (cached - full).abs().max().item() < 1e-4
+    # HRM's cached logits match to ~3e-7 here (a key from a wrong slot moves them by ~1e-4 or less: its
+    # attention enters through alpha = 0.1 and the gates), UniTF's to ~2e-5
+    assert (cached - full).abs().max().item() < (1e-5 if cfg.arch == "hrm" else 1e-4)
     assert full.std() > 0.1  # logits are not trivially flat
 
 
@@ -349,7 +359,11 @@ def test_sampling_is_seeded_and_cache_agnostic():
 
 
 @pytest.mark.parametrize("cfg,apps", [(tiny("hrm", N=2, T=3, S=2), 1 + 2 * 6 + 2 * 2),
-                                      (tiny("transformer", n_layer=3), 3), (tiny("unitf", M=5), 5)])
+                                      (tiny("transformer", n_layer=3), 3), (tiny("unitf", M=5), 5),
+                                      # 1 + S (k + N) with fast_attn_steps = k; N = 0 without a Slow module
+                                      (tiny("hrm", N=2, T=3, S=2, fast_attn_steps=2), 1 + 2 * (2 + 2)),
+                                      (tiny("hrm", N=2, T=3, S=2, fast_attn_steps=0), 1 + 2 * (0 + 2)),
+                                      (tiny("hrm", N=2, T=3, S=2, fast_attn_steps=3, fast_only=True), 1 + 2 * 3)])
 def test_kv_cache_size(cfg, apps):
     m = build_model(cfg)
     assert m.n_cache_apps() == apps
@@ -403,3 +417,200 @@ def test_init_baselines():
     for name, p in t.named_parameters():
         if "norm" not in name:
             assert _std_ok(p, 0.02), name
+
+
+# --- options beyond the paper (SPEC section 8) ---------------------------------------------------
+
+def hrm_detached_by_hand(m, idx, targets, K, K_slow, cut_fast=True):
+    """HRM under the K / K_slow windows, written out with full autograd and cut by hand: the output of a
+    Fast step outside the last K is detached (so a Slow firing there reads a detached z_L), and so is the
+    output of a Slow firing that is neither one of the last K_slow nor inside the last K steps.
+    cut_fast=False leaves the Fast steps uncut: gradient would then also run through L_net between firings."""
+    c = m.config
+    x = m.input_block(m.wte(idx), m.rope)
+    z_L, z_H = m.z_L0.expand_as(x), m.z_H0.expand_as(x)
+    loss = 0.0
+    for _ in range(c.S):
+        for i in range(1, c.M + 1):
+            z_L = m.L_net(z_L, z_H, x, m.rope)
+            if i <= c.M - K and cut_fast:
+                z_L = z_L.detach()
+            if i % c.T == 0:
+                z_H = m.H_net(z_H, z_L, m.rope)
+                if i <= c.M - K and i // c.T <= c.N - K_slow:
+                    z_H = z_H.detach()
+        out, w = m.fusion(z_H, z_L, x)
+        w_bar = w.mean(dim=(0, 1))
+        ce = F.cross_entropy((out @ m.wte.weight.T).view(-1, V), targets.view(-1))
+        loss = loss + (ce + c.ent_lambda * (w_bar * w_bar.log()).sum()) / c.S
+        z_L, z_H = z_L.detach(), z_H.detach()
+    return loss
+
+
+def test_K_slow_gradient_routing(batch):
+    """K_slow = 3 of N = 4 firings, Fast window K = 1 (only step 8): gradient runs back along z_H across
+    firings 2, 3, 4 (steps 4, 6, 8), never into the Fast steps outside the window."""
+    idx, tgt = batch
+    m = make(tiny("hrm", N=4, T=2, K=1, S=2, K_slow=3), scale=3.0)
+    steps = []
+    m.step_callback = lambda i, fired, z_L, zb, za: steps.append((i, z_L, za if fired else None))
+    _, loss = m(idx, tgt)
+    m.step_callback = None
+    for _, z_L, z_H in steps:
+        for z in (z_L, z_H):
+            if z is not None and z.requires_grad:
+                z.retain_grad()
+    g = grads(m, loss)
+    # which steps carry gradient, in both passes: z_L of step 8 only; z_H of the firings at steps 4, 6, 8
+    for i, z_L, z_H in steps:
+        assert z_L.requires_grad == (i == 8), i
+        if z_H is not None:
+            assert z_H.requires_grad == (i >= 4), i
+            assert z_H.requires_grad == (z_H.grad is not None and z_H.grad.abs().sum() > 0), i
+    ref = hrm_detached_by_hand(m, idx, tgt, K=1, K_slow=3)
+    torch.testing.assert_close(loss, ref)
+    assert_grads_close(g, grads(m, ref))   # the same parameters, the same gradients
+    # the extra firings add gradient to the Slow module only: every other parameter's is the paper's
+    g0 = grads(m, hrm_detached_by_hand(m, idx, tgt, K=1, K_slow=0))
+    assert grads_differ({n: g[n] for n in g if n.startswith("H_net.")}, g0)
+    def rest(gr):
+        return {n: v for n, v in gr.items() if not n.startswith("H_net.")}
+    assert_grads_close(rest(g), rest(g0))
+    # and the cuts matter: without the z_L detach, or with one firing fewer, the gradient differs
+    assert grads_differ(g, grads(m, hrm_detached_by_hand(m, idx, tgt, K=1, K_slow=3, cut_fast=False)))
+    assert grads_differ(g, grads(m, hrm_detached_by_hand(m, idx, tgt, K=1, K_slow=2)))
+    # ...but not the forward values
+    m0 = make(tiny("hrm", N=4, T=2, K=1, S=2), scale=3.0)
+    torch.testing.assert_close(m0(idx, tgt)[1], loss)
+
+
+def test_K_slow_within_fast_window_changes_nothing(batch):
+    """Firings 3 and 4 of N = 4 (steps 6, 8) are inside K = 4 already: K_slow = 2 adds nothing."""
+    idx, tgt = batch
+
+    def g(K_slow):
+        m = make(tiny("hrm", N=4, T=2, K=4, K_slow=K_slow), scale=3.0)
+        return grads(m, m(idx, tgt)[1])
+    assert_grads_close(g(0), g(2))
+    assert grads_differ(g(0), g(3))   # firing 2 (step 4) is outside: K_slow = 3 reaches it
+
+
+GRAD_CKPT_CFGS = [dict(arch="hrm", N=3, T=2, K=6), dict(arch="hrm", N=3, T=2, K=3, S=2),
+                  dict(arch="hrm", N=4, T=2, K=1, K_slow=3), dict(arch="hrm", N=3, T=2, K=6, fast_attn_steps=2),
+                  dict(arch="hrm", N=2, T=2, K=4, norm="pre"), dict(arch="unitf", M=5, K=5),
+                  dict(arch="unitf", M=5, K=2)]
+
+
+@pytest.mark.parametrize("kw", GRAD_CKPT_CFGS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_grad_ckpt_same_gradients(kw, batch):
+    idx, tgt = batch
+    plain = make(tiny(**kw), scale=3.0)
+    ckpt = make(tiny(grad_ckpt=True, **kw), scale=3.0)
+    loss_p, loss_c = plain(idx, tgt)[1], ckpt(idx, tgt)[1]
+    assert loss_p.item() == loss_c.item()
+    gp, gc = grads(plain, loss_p), grads(ckpt, loss_c)
+    assert gp.keys() == gc.keys()
+    for n in gp:
+        torch.testing.assert_close(gc[n], gp[n], rtol=1e-6, atol=1e-6, msg=n)
+
+
+def test_grad_ckpt_recomputes_exactly_the_steps_with_gradient(batch):
+    """In backward, grad_ckpt re-runs each step that carries gradient once: K Fast steps and the firings
+    with gradient (HRM N=4, T=2, K=3, K_slow=3: steps 6..8 and firings at 4, 6, 8), the K UniTF steps."""
+    idx, tgt = batch
+    for kw, blocks in [(dict(arch="hrm", N=4, T=2, K=3, K_slow=3), {"L_net.block": (8, 3), "H_net.block": (4, 3)}),
+                       (dict(arch="unitf", M=5, K=2), {"block": (5, 2)})]:
+        for on in (False, True):
+            m = make(tiny(grad_ckpt=on, **kw))
+            calls = dict.fromkeys(blocks, 0)
+            for name in blocks:
+                m.get_submodule(name).register_forward_pre_hook(
+                    lambda mod, args, name=name: calls.__setitem__(name, calls[name] + 1))
+            _, loss = m(idx, tgt)
+            fwd = dict(calls)
+            loss.backward()
+            assert fwd == {k: v[0] for k, v in blocks.items()}
+            assert {k: calls[k] - fwd[k] for k in calls} == {k: (v[1] if on else 0) for k, v in blocks.items()}
+
+
+@pytest.mark.parametrize("N,T,k,steps", [(3, 2, 1, {6}), (3, 2, 2, {3, 6}), (3, 2, 3, {2, 4, 6}), (4, 2, 3, {3, 6, 8}),
+                                         (3, 2, 6, {1, 2, 3, 4, 5, 6}), (3, 2, None, {1, 2, 3, 4, 5, 6})])
+def test_fast_attn_steps_which_steps_attend(N, T, k, steps):
+    """k evenly spaced steps ending at M (model.py's choice); k = N gives the Slow-firing steps."""
+    m = make(tiny("hrm", N=N, T=T, S=2, fast_attn_steps=k))
+    step, seen = [0], []
+    m.L_net.register_forward_pre_hook(lambda mod, args: step.__setitem__(0, step[0] % (N * T) + 1))
+    m.L_net.block.attn.register_forward_pre_hook(lambda mod, args: seen.append(step[0]))
+    with torch.no_grad():
+        m(torch.zeros(1, 5, dtype=torch.long))
+    assert seen == sorted(steps) * 2  # the same steps in both passes
+
+
+def test_fast_attn_steps_zero_has_no_attention():
+    m = make(tiny("hrm", N=2, T=2, fast_attn_steps=0))
+    assert m.L_net.block.attn is None and m.H_net.block.attn is not None
+    keys = set(m.state_dict())
+    assert not any(k.startswith("L_net.block.attn.") for k in keys) and "L_net.block.norm1.weight" in keys
+    pre = make(tiny("hrm", N=2, T=2, fast_attn_steps=0, norm="pre"))
+    assert "L_net.block.norm1.weight" not in pre.state_dict()  # pre-norm's norm1 fed the attention only
+    m.eval()(torch.zeros(1, 4, dtype=torch.long))
+    _, loss = pre(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))
+    loss.backward()
+    assert all(p.grad is not None for p in pre.parameters())  # no unused parameter (DDP would stop on one)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_skipped_attention_is_a_zero(norm):
+    """A block applied with app=None equals the same block whose attention adds a = 0 (W_o = 0)."""
+    from model import CausalAttnBlock
+    torch.manual_seed(0)
+    b = CausalAttnBlock(32, 4, norm)
+    x = torch.randn(2, 7, 32)
+    rope = rope_table(16, 8)
+    got = b(x, rope, app=None)
+    with torch.no_grad():
+        b.attn.proj.weight.zero_()
+    torch.testing.assert_close(got, b(x, rope), rtol=0, atol=1e-6)
+    assert torch.equal(got[:, :3], b(x[:, :3], rope, app=None))  # position-wise: shorter input, same rows
+
+
+def test_fast_attn_steps_M_is_the_paper(batch):
+    idx, tgt = batch
+    a, la = make(tiny("hrm", N=2, T=2), scale=3.0)(idx, tgt)
+    b, lb = make(tiny("hrm", N=2, T=2, fast_attn_steps=4), scale=3.0)(idx, tgt)
+    assert torch.equal(a, b) and torch.equal(la, lb)
+    c, _ = make(tiny("hrm", N=2, T=2, fast_attn_steps=2), scale=3.0)(idx, tgt)
+    assert (a - c).abs().max() > 1e-5  # skipping attention in steps 1, 3 changes the output
+
+
+def test_chunked_bptt_is_S_passes_of_C_steps(batch):
+    """The paper's chunked BPTT ("partition the M steps into chunks of size C; backpropagate through each
+    chunk independently and accumulate gradients") written out on an M = 8 model as a hand loop -- a loss
+    at the end of every chunk of C = 4 steps, the state detached between chunks -- equals the config
+    N = C/T, S = M/C, K = C: the same loss, the same gradients, and the same logits as the M-step model."""
+    idx, tgt = batch
+    M, T, C = 8, 2, 4
+    full = make(tiny("hrm", N=M // T, T=T, K=M), scale=3.0)
+    chunked = build_model(tiny("hrm", N=C // T, T=T, K=C, S=M // C))
+    chunked.load_state_dict(full.state_dict())   # the same weights (init stds differ: they use the pass's M)
+    m = full
+    x = m.input_block(m.wte(idx), m.rope)
+    z_L, z_H = m.z_L0.expand_as(x), m.z_H0.expand_as(x)
+    losses = []
+    for i in range(1, M + 1):
+        z_L = m.L_net(z_L, z_H, x, m.rope)
+        if i % T == 0:
+            z_H = m.H_net(z_H, z_L, m.rope)
+        if i % C == 0:                                      # the end of a chunk: its own loss
+            out, w = m.fusion(z_H, z_L, x)
+            w_bar = w.mean(dim=(0, 1))
+            losses.append(F.cross_entropy((out @ m.wte.weight.T).view(-1, V), tgt.view(-1))
+                          + m.config.ent_lambda * (w_bar * w_bar.log()).sum())
+            z_L, z_H = z_L.detach(), z_H.detach()          # chunks are independent
+    ref = sum(losses) / len(losses)                         # accumulated (as a mean: a scale only)
+    logits, loss = chunked(idx, tgt)
+    torch.testing.assert_close(loss, ref)
+    assert_grads_close(grads(chunked, loss), grads(full, ref))
+    with torch.no_grad():
+        torch.testing.assert_close(logits, full(idx)[0])
+    assert chunked.n_cache_apps() == full.n_cache_apps()

@@ -1,0 +1,280 @@
+"""
+Beyond the paper (docs/RESULTS.md): the paper's own future work for its "gradient coverage bottleneck"
+and its KV cache, run on the character testbed at matched budget. One command runs what is missing,
+skipping finished runs (so it resumes after a stop), then prints the table and draws the plot from the
+runs' logs and checkpoints:
+
+    python prepare.py --dataset=shakespeare_char
+    python docs/beyond_paper.py              # all runs (21 x 400 iterations, 2 at a time), then the table
+    python docs/beyond_paper.py --dry-run    # list the train.py commands still to run; run nothing
+    python docs/beyond_paper.py --tables     # the table and plot only, from whatever runs exist
+
+Every run is config/char_hrm.py (d=128, 400 iterations, lr 3e-3, batch 8 x 128 characters) with N=4,
+T=2: M = 8 instead of the config's 4, so that a pass has 4 Slow firings for hierarchical BPTT to chain
+over. Seeds 1337, 42, 2024. The variants (model.py options, SPEC section 8):
+  paper-K2    the paper's window: the last K = 2 of M = 8 steps carry gradient
+  full        full BPTT, K = M = 8
+  full-ckpt   full BPTT with grad_ckpt: the same gradients (so the same CE, to float rounding), flat memory
+  kslow4      K = 2 and K_slow = 4: gradient along the z_H chain over all 4 Slow firings ("hierarchical BPTT")
+  hybrid4     fast_attn_steps = 4: the Fast module attends only on the 4 Slow-firing steps
+              (KV cache: 1+8+4 -> 1+4+4 applications)
+  rnn         fast_attn_steps = 0: no Fast step attends, the paper's RNN-style position-wise variant
+  chunked4    chunked BPTT with C = 4: S = 2 passes of N = 2, T = 2 with K = 4 (a loss per chunk, detached);
+              train.py backpropagates the S losses together, so its memory is full BPTT's (grad_ckpt would
+              flatten it, as for full-ckpt): chunking changes the objective, not the memory
+Clipping follows train.py (grad_clip * K / M of a pass): 0.25 for K = 2, 1.0 for full and chunked runs.
+Memory and time: "iter MB" is what one training iteration adds to the peak resident memory of a fresh
+process (bench.py's method: glibc returns freed blocks, so the peak counts live tensors), measured once
+per variant from its checkpoint's model arguments; "ms/iter" is the median of the runs' logged values
+(two runs share the 2 cores, one thread each); "KV cache" holds block_size = 128 positions, float32.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from plot import read_log  # noqa: E402
+
+OUT = "out-beyond"
+SEEDS = [1337, 42, 2024]
+HRM8 = ["--N=4", "--T=2"]                    # M = 8 for every variant but the chunked one (2 passes of 4)
+VARIANTS = {  # name: (train.py overrides on config/char_hrm.py, what it is)
+    "paper-K2": (HRM8 + ["--K=2"], "the paper: last K=2 of M=8 steps"),
+    "full": (HRM8 + ["--K=8"], "full BPTT, K=M=8"),
+    "full-ckpt": (HRM8 + ["--K=8", "--grad_ckpt=True"], "full BPTT, grad_ckpt"),
+    "kslow4": (HRM8 + ["--K=2", "--K_slow=4"], "K=2, K_slow=4: all Slow firings"),
+    "hybrid4": (HRM8 + ["--K=2", "--fast_attn_steps=4"], "K=2, 4 of 8 Fast steps attend"),
+    "rnn": (HRM8 + ["--K=2", "--fast_attn_steps=0"], "K=2, no Fast step attends"),
+    "chunked4": (["--N=2", "--T=2", "--S=2", "--K=4"], "chunked BPTT, C=4: S=2 passes of 4, K=4"),
+}
+
+
+def run_dir(out, variant, seed):
+    return os.path.join(out, variant, f"s{seed}")
+
+
+def finished(out_dir, iters):
+    """True when the run logged its last iteration or stopped for good (diverged: train.py exit 3)."""
+    if os.path.exists(os.path.join(out_dir, "diverged")):
+        return True
+    if not os.path.exists(os.path.join(out_dir, "log.jsonl")):
+        return False
+    return any(r["iter"] == iters for r in read_log(out_dir))
+
+
+def final_val(out_dir, iters):
+    """Validation CE at the last iteration; inf for a diverged or missing run."""
+    if not finished(out_dir, iters) or os.path.exists(os.path.join(out_dir, "diverged")):
+        return math.inf
+    v = [r for r in read_log(out_dir) if r["iter"] == iters][-1]["val_loss"]
+    return v if v is not None and math.isfinite(v) else math.inf
+
+
+def command(args, variant, seed):
+    out_dir = run_dir(args.out, variant, seed)
+    n = args.max_iters
+    cmd = [sys.executable, "train.py", "config/char_hrm.py", *VARIANTS[variant][0], f"--max_iters={n}",
+           f"--lr_decay_iters={n}", f"--warmup_iters={max(1, n // 10)}", f"--eval_interval={max(1, n // 4)}",
+           f"--log_interval={max(1, n // 8)}", f"--seed={seed}", f"--out_dir={out_dir}", f"--data_dir={args.data_dir}"]
+    return out_dir, cmd
+
+
+def run_all(jobs, workers, iters):
+    """Run (out_dir, cmd) jobs, `workers` at a time with one thread each; skip finished ones, resume cut ones."""
+    todo = [(d, c) for d, c in jobs if not finished(d, iters)]
+    print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already finished; {len(todo)} to go", flush=True)
+    running, t0, done = [], time.time(), 0
+    while todo or running:
+        while todo and len(running) < workers:
+            out_dir, cmd = todo.pop(0)
+            os.makedirs(out_dir, exist_ok=True)
+            if os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
+                cmd = cmd + ["--init_from=resume"]     # exact resume of a run cut off by a stop
+            elif os.path.exists(os.path.join(out_dir, "log.jsonl")):
+                os.remove(os.path.join(out_dir, "log.jsonl"))  # cut before its first checkpoint: start over
+            print(" ".join(cmd[1:]), flush=True)
+            out = open(os.path.join(out_dir, "train.out"), "a")
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+            running.append((out_dir, subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env), out))
+        time.sleep(1)
+        for item in list(running):
+            out_dir, p, out = item
+            if p.poll() is None:
+                continue
+            running.remove(item)
+            out.close()
+            done += 1
+            if p.returncode == 3:                      # train.py's stop after max_nonfinite bad iterations
+                open(os.path.join(out_dir, "diverged"), "w").close()
+            elif p.returncode != 0:
+                print(f"FAILED ({p.returncode}): {out_dir}; see {out_dir}/train.out", flush=True)
+            el, left = time.time() - t0, len(todo) + len(running)
+            print(f"[{done}/{done + left}] {out_dir}: val {final_val(out_dir, iters):.4f} | {el / 60:.1f} min, "
+                  f"about {el / done * left / 60:.0f} min left", flush=True)
+
+
+# --- memory and time ---------------------------------------------------------------------------------
+
+def measure_worker(out_dir):
+    """In a fresh process: one training iteration of the run's model (from its checkpoint's arguments, random
+    weights: memory does not depend on them) at its batch shape; the peak it adds, as bench.py measures."""
+    import torch
+    from bench import current_mb, peak_mb, reset_peak, timed
+    from model import ModelConfig, build_model
+    torch.set_num_threads(1)
+    ck = torch.load(os.path.join(out_dir, "ckpt_last.pt"), map_location="cpu", weights_only=True)
+    cfg, args = ck["config"], ck["model_args"]
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**args)).train()
+    x = torch.randint(0, args["vocab_size"], (cfg["batch_size"], cfg["block_size"]))
+
+    def step():
+        _, loss = model(x, x)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+    step()                                   # warm-up: allocates the gradients once
+    reset_peak("cpu")
+    base = current_mb("cpu")
+    step()
+    iter_mb = peak_mb("cpu") - base
+    return {"iter_mb": iter_mb, "ms_iter_alone": timed(step, "cpu", 3) * 1000,
+            "kv_cache_mb": model.kv_cache_bytes(cfg["block_size"]) / 2**20, "params": model.num_params()}
+
+
+def measured(out_dir):
+    """measure_worker's result, cached in out_dir/measure.json (run in a separate process once)."""
+    path = os.path.join(out_dir, "measure.json")
+    if not os.path.exists(path):
+        env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536")
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), f"--_measure={out_dir}"],
+                           capture_output=True, text=True, env=env, cwd=ROOT)
+        if p.returncode != 0:
+            raise RuntimeError(f"measuring {out_dir} failed:\n{p.stderr[-2000:]}")
+        with open(path, "w") as f:
+            f.write(p.stdout.strip().splitlines()[-1])
+    with open(path) as f:
+        return json.load(f)
+
+
+def logged_ms_iter(out_dir):
+    """The run's logged ms/iter values (train.py's progress lines in train.out)."""
+    path = os.path.join(out_dir, "train.out")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [float(line.split(" ms/iter")[0].rsplit(",", 1)[-1]) for line in f if " ms/iter" in line]
+
+
+# --- table and plot ------------------------------------------------------------------------------------
+
+def mean_sd(vals):
+    vals = [v for v in vals if math.isfinite(v)]
+    if not vals:
+        return math.inf, 0.0, 0
+    m = sum(vals) / len(vals)
+    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return m, sd, len(vals)
+
+
+def tables(args, plots=True):
+    iters = args.max_iters
+    print(f"### Beyond the paper: character testbed, HRM N=4, T=2 (M=8), d=128, {iters} iterations, lr 3e-3, "
+          f"seeds {', '.join(map(str, args.seeds))}\n")
+    print("| variant | what | val CE (mean ± sd) | vs paper K=2 | iter MB | ms/iter | KV cache MB | params |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = {}
+    for v in args.variants:
+        dirs = [run_dir(args.out, v, s) for s in args.seeds]
+        m, sd, n = mean_sd([final_val(d, iters) for d in dirs])
+        done = [d for d in dirs if finished(d, iters) and os.path.exists(os.path.join(d, "ckpt_last.pt"))]
+        meas = measured(done[0]) if done else None
+        ms = [x for d in dirs for x in logged_ms_iter(d)]
+        rows[v] = (m, sd, n, meas)
+        base = rows.get("paper-K2", (math.inf,))[0]
+        ce = "-" if n == 0 else f"{m:.3f} ± {sd:.3f} (n={n})"
+        diff = f"{m - base:+.3f}" if n and math.isfinite(base) and v != "paper-K2" else "-"
+        print(f"| {v} | {VARIANTS[v][1]} | {ce} | {diff} | " +
+              (f"{meas['iter_mb']:.1f} | " if meas else "- | ") + (f"{statistics.median(ms):.0f} | " if ms else "- | ") +
+              (f"{meas['kv_cache_mb']:.2f} | {meas['params'] / 1e6:.3f}M |" if meas else "- | - |"))
+    print(f"\niter MB: peak memory one training iteration adds (fresh process, batch 8 x 128); ms/iter: median of "
+          f"the runs' logged values, two runs sharing 2 cores; KV cache: 128 positions, float32, batch 1.\n")
+    if plots:
+        draw(args, rows)
+
+
+def draw(args, rows):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=130)
+    for c, v in enumerate(args.variants):
+        logs = [read_log(d) for d in (run_dir(args.out, v, s) for s in args.seeds) if finished(d, args.max_iters)]
+        if not logs:
+            continue
+        its = sorted(set.intersection(*[{r["iter"] for r in lg} for lg in logs]))
+        ys = [[{r["iter"]: r["val_loss"] for r in lg}[i] for lg in logs] for i in its]
+        ax.plot(its, [sum(y) / len(y) for y in ys], marker="o", markersize=2.5, color=f"C{c}",
+                label=f"{v} ({len(logs)} seeds)")
+        ax.fill_between(its, [min(y) for y in ys], [max(y) for y in ys], color=f"C{c}", alpha=0.15)
+        m, sd, n, meas = rows[v]
+        if meas and n:
+            bx.errorbar(meas["iter_mb"], m, yerr=sd, fmt="o", color=f"C{c}", capsize=3, label=v)
+    ax.set_yscale("log")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("validation CE (log scale)")
+    ax.set_title("HRM M=8 on the character testbed (band: seed min-max)", fontsize=9)
+    bx.set_xlabel("memory one training iteration adds (MB)")
+    bx.set_ylabel("final validation CE (mean ± sd)")
+    bx.set_title("Quality against training memory", fontsize=9)
+    for a in (ax, bx):
+        a.grid(True, which="both", linestyle=":", color="0.85")
+        a.legend(fontsize=6.5)
+    fig.tight_layout()
+    path = os.path.join(ROOT, "docs", "beyond_paper.png")
+    fig.savefig(path)
+    print(f"wrote {os.path.relpath(path, ROOT)}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tables", action="store_true", help="print the table and draw the plot only")
+    ap.add_argument("--dry-run", action="store_true", help="list the train.py commands still to run, run nothing")
+    ap.add_argument("--workers", type=int, default=2, help="runs at once (one thread each)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    ap.add_argument("--max_iters", type=int, default=400, help="iterations per run (400: config/char_hrm.py)")
+    ap.add_argument("--out", default=OUT, help="every run's out_dir is under here")
+    ap.add_argument("--data_dir", default="data", help="where prepare.py wrote shakespeare_char")
+    ap.add_argument("--_measure", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._measure:
+        print(json.dumps(measure_worker(args._measure)))
+        return
+    os.chdir(ROOT)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        sys.exit(f"beyond_paper.py: error: unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    jobs = [command(args, v, s) for s in args.seeds for v in args.variants]  # seed-major: every variant early
+    if args.dry_run:
+        for d, cmd in jobs:
+            print(("# finished: " if finished(d, args.max_iters) else "") + "OMP_NUM_THREADS=1 python " + " ".join(cmd[1:]))
+        return
+    if not os.path.exists(os.path.join(args.data_dir, "shakespeare_char", "val.bin")):
+        sys.exit(f"beyond_paper.py: error: {args.data_dir}/shakespeare_char not found; "
+                 f"run python prepare.py --dataset=shakespeare_char")
+    if not args.tables:
+        run_all(jobs, args.workers, args.max_iters)
+    tables(args)
+
+
+if __name__ == "__main__":
+    main()
