@@ -186,6 +186,11 @@ def fmt(v):
     return "diverged" if v == math.inf else f"{v:.3f}"
 
 
+def cell(out_dir):
+    """A table cell for a run: its final CE, "diverged", or "-" where it has not finished."""
+    return fmt(final_val(out_dir)) if finished(out_dir) else "-"
+
+
 def mean_sd(vals):
     vals = [v for v in vals if math.isfinite(v)]
     if not vals:
@@ -251,10 +256,10 @@ def tables(plots=True):
     for v in CHAR:
         if best[v] is None:
             continue
-        vals = [final_val(run_dir("char", v, best[v], s)) for s in SEEDS]
-        m, sd, n = mean_sd(vals)
+        dirs = [run_dir("char", v, best[v], s) for s in SEEDS]
+        m, sd, n = mean_sd([final_val(d) for d in dirs if finished(d)])
         summary[v] = (m, sd, n)
-        print(f"| {v} | {lr_name(best[v])} | " + " | ".join(fmt(x) for x in vals) +
+        print(f"| {v} | {lr_name(best[v])} | " + " | ".join(cell(d) for d in dirs) +
               f" | {m:.3f} ± {sd:.3f} (n={n}) | {uni['char'] - m:.3f} |")
     print()
 
@@ -285,7 +290,7 @@ def tables(plots=True):
         if best.get(v) is None:
             continue
         i = GRID.index(best[v])
-        cells = [f"{lr_name(g)}: {fmt(final_val(run_dir('bpe', v, g, SEEDS[0])))}" for g in GRID[i - 1:i + 2]]
+        cells = [f"{lr_name(g)}: {cell(run_dir('bpe', v, g, SEEDS[0]))}" for g in GRID[i - 1:i + 2]]
         print(f"| {v} | " + " | ".join(cells) + " |")
     print(f"| unigram | {uni['bpe']:.3f} | {uni['bpe']:.3f} | {uni['bpe']:.3f} |\n")
 
@@ -295,7 +300,7 @@ def tables(plots=True):
         print("| K | val CE |\n|---|---|")
         for k, extra in ((1, "-K1"), (2, ""), (4, "-K4")):
             print(f"| {k}{' (= M, full backprop)' if k == 4 else ''} | "
-                  f"{fmt(final_val(run_dir('char', 'hrm-post', lr, SEEDS[0], extra)))} |")
+                  f"{cell(run_dir('char', 'hrm-post', lr, SEEDS[0], extra))} |")
         print()
 
     print("### Slow-module ablation (HLRole A): CE with z_H frozen at z_H0, on each HRM variant's best "
