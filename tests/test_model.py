@@ -571,7 +571,8 @@ def test_skipped_attention_is_a_zero(norm):
     with torch.no_grad():
         b.attn.proj.weight.zero_()
     torch.testing.assert_close(got, b(x, rope), rtol=0, atol=1e-6)
-    assert torch.equal(got[:, :3], b(x[:, :3], rope, app=None))  # position-wise: shorter input, same rows
+    # position-wise: a shorter input gives the same rows (up to BLAS blocking, which varies with shape)
+    torch.testing.assert_close(got[:, :3], b(x[:, :3], rope, app=None), rtol=0, atol=1e-6)
 
 
 def test_fast_attn_steps_M_is_the_paper(batch):

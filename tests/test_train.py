@@ -120,7 +120,10 @@ def test_train_config_errors_stop_before_work(args, msg, data_dir, tmp_path):
                                         ("unitf", ["--M=2", "--K=1"])])
 def test_few_iterations_lower_the_loss(arch, extra, data_dir, tmp_path):
     out = str(tmp_path / arch)
-    p = run_train([f"--arch={arch}", *extra, "--max_iters=30", "--eval_interval=30"], data_dir, out)
+    # 1e-2: at d=32 the tied head starts near-uniform and the post-norm flat models need the larger
+    # step to leave 10.8 nats in 30 iterations (at 3e-3 the Transformer drops only 0.24 on plain text)
+    p = run_train([f"--arch={arch}", *extra, "--max_iters=30", "--eval_interval=30", "--learning_rate=1e-2",
+                   "--min_lr=1e-3"], data_dir, out)
     log = read_log(out)
     assert [r["iter"] for r in log] == [0, 30]
     assert log[-1]["val_loss"] < log[0]["val_loss"] - 1.0, log
