@@ -277,11 +277,20 @@ def tables(plots=True):
              ("hrm-pre", "hrm-post", "HRM: pre- minus post-norm"),
              ("unitf_full-post", "unitf-post", "UniTF: full backprop minus K=2 (gradient to the embedding)"),
              ("hrm_fast_only-post", "unitf-post", "Fast module alone minus UniTF (re-injection and gating)"),
-             ("hrm-post", "hrm_fast_only-post", "HRM minus the Fast module alone (the Slow module)")]
+             ("hrm-post", "hrm_fast_only-post", "HRM minus the Fast module alone (the Slow module)"),
+             ("unitf-post", "transformer-post", "UniTF minus Transformer, post-norm (shared vs independent weights)")]
     print("| comparison | difference |\n|---|---|")
     for a, b, what in pairs:
         print(f"| {what} | {gap(a, b)} |")
     print()
+    # the post-norm HRM-vs-Transformer gap telescopes through the two controls, so each structural
+    # difference gets its share: HRM - T = (HRM - Fast alone) + (Fast alone - UniTF) + (UniTF - T)
+    chain = ["hrm-post", "hrm_fast_only-post", "unitf-post", "transformer-post"]
+    if all(v in summary for v in chain):
+        parts = [summary[a][0] - summary[b][0] for a, b in zip(chain, chain[1:])]
+        print(f"Decomposition, post-norm: HRM - Transformer = {sum(parts):+.3f} = {parts[0]:+.3f} (the Slow module) "
+              f"{parts[1]:+.3f} (re-injection, gating and fusion vs a plain shared stack) "
+              f"{parts[2]:+.3f} (weight sharing at matched stored parameters)\n")
 
     print("### BPE testbed (GPT-2 BPE, d=128, 300 iterations): validation CE at the best character-level "
           "learning rate and one grid step each side (seed 1337)\n")
