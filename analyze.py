@@ -21,31 +21,35 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model import model_from_checkpoint
+from model import load_checkpoint, model_from_checkpoint
+from prepare import check_dataset
 
 
 def fail(msg):
+    """Stop with one line, as sys.exit(msg) does; run as a script: on stderr, exit status 2 (see the end)."""
     sys.exit(f"analyze.py: error: {msg}")
 
 
 def load(out_dir, ckpt, device):
     path = os.path.join(out_dir, ckpt)
-    if not os.path.exists(path):
-        fail(f"no checkpoint at {path}")
-    try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        fail(f"cannot load {path}: {type(e).__name__}: {e}")
-    if ck["model_args"].get("arch") != "hrm":
-        fail(f"{path} is a {ck['model_args'].get('arch')!r} model; the HLRole analyses need an HRM")
-    return model_from_checkpoint(ck).to(device).eval(), ck
+    try:   # one line for a missing, truncated, unsafe or foreign file, and for non-finite weights
+        ck = load_checkpoint(path)
+        model = model_from_checkpoint(ck, path)
+    except ValueError as e:
+        fail(str(e))
+    if model.config.arch != "hrm":
+        fail(f"{path} is a {model.config.arch!r} model; the HLRole analyses need an HRM")
+    return model.to(device).eval(), ck
 
 
 def val_batches(ck, data_dir, n_batches, batch_size, block_size):
-    cfg = ck["config"]
-    path = os.path.join(data_dir or cfg["data_dir"], cfg["dataset"], "val.bin")
-    if not os.path.exists(path):
-        fail(f"{path} not found; run prepare.py for dataset {cfg['dataset']!r} or pass --data_dir")
+    cfg = ck.get("config") or {}   # train.py's defaults where a checkpoint does not say
+    data_dir, dataset = data_dir or cfg.get("data_dir", "data"), cfg.get("dataset", "shakespeare")
+    try:   # present, whole uint16 tokens, as meta.json says
+        check_dataset(data_dir, dataset)
+    except ValueError as e:
+        fail(f"{e} (or pass --data_dir)")
+    path = os.path.join(data_dir, dataset, "val.bin")
     data = np.memmap(path, dtype=np.uint16, mode="r")
     n = n_batches * batch_size
     if len(data) <= block_size + 1:
@@ -124,6 +128,21 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="write the numbers here")
     args = ap.parse_args(argv)
+    # everything checkable before the work
+    for key in ("batches", "batch_size"):
+        if getattr(args, key) < 1:
+            fail(f"--{key} must be >= 1, got {getattr(args, key)}")
+    try:
+        torch.device(args.device)
+    except RuntimeError:
+        fail(f"--device {args.device!r} is not a device; use cpu or cuda")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        fail(f"--device={args.device} but CUDA is not available on this machine; use --device=cpu")
+    if args.json:   # a missing folder would lose the results at the very end
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            fail(f"--json {args.json!r} cannot be written: " + ("it is a folder" if os.path.isdir(args.json) else
+                 f"the folder {os.path.dirname(args.json)!r} does not exist or is not writable"))
     model, ck = load(args.out_dir, args.ckpt, args.device)
     c = model.config
     batches = val_batches(ck, args.data_dir, args.batches, args.batch_size, c.block_size)
@@ -153,4 +172,10 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        print(e.code, file=sys.stderr)   # a usage or data error: its one line, and exit status 2
+        sys.exit(2)

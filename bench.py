@@ -267,7 +267,33 @@ def fmt(v, spec=".1f"):
     return "-" if v is None else format(v, spec)
 
 
-def main():
+def fail(msg):
+    """Stop with one line, as sys.exit(msg) does; run as a script: on stderr, exit status 2 (see the end)."""
+    sys.exit(f"bench.py: error: {msg}")
+
+
+def check_output_path(path, flag):
+    """Fail now, not after a whole run, when the results could not be written to `path`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        fail(f"{flag} {path!r} is a folder; give a file name")
+    if not os.path.isdir(folder):
+        fail(f"{flag} {path!r}: the folder {os.path.dirname(path)!r} does not exist; create it first")
+    if not os.access(folder, os.W_OK) or os.path.exists(path) and not os.access(path, os.W_OK):
+        fail(f"{flag} {path!r} is not writable")
+
+
+def check_device(device):
+    """A device this machine has, named in one line where it is not."""
+    try:
+        torch.device(device)
+    except RuntimeError:
+        fail(f"--device {device!r} is not a device; use auto, cpu or cuda")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        fail(f"--device={device} but CUDA is not available on this machine; use --device=cpu")
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     ap.add_argument("--models", default=",".join(PAPER), help="comma-separated subset of " + ",".join(ROWS) +
@@ -279,16 +305,21 @@ def main():
                          "training stays eager. Compiling takes about a minute per model on a 2-core CPU")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_spec", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args._worker:
         torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
         print(json.dumps(worker(args._worker, json.loads(args._spec))))
         return
     device = auto_device(args.device)
+    check_device(device)
     names = [n for m in args.models.split(",") if m.strip() for n in (BEYOND if m.strip() == "beyond" else [m.strip()])]
     unknown = [m for m in names if m not in ROWS]
     if unknown:
-        sys.exit(f"bench.py: error: unknown model(s) {unknown}; choose from {', '.join(ROWS)} (or beyond)")
+        fail(f"unknown model(s) {unknown}; choose from {', '.join(ROWS)} (or beyond)")
+    if not names:   # "--models=," or "--models=": nothing to measure is a mistake, not a success
+        fail(f"--models={args.models!r} names no model; choose from {', '.join(ROWS)} (or beyond)")
+    if args.json:
+        check_output_path(args.json, "--json")
     p = PRESETS[args.preset]
     if args.preset == "paper" and device == "cpu":
         print("note: --preset=paper is sized for a GPU; on this CPU it will take very long", file=sys.stderr)
@@ -349,4 +380,10 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        print(e.code, file=sys.stderr)   # a usage or data error: its one line, and exit status 2
+        sys.exit(2)

@@ -5,15 +5,19 @@ and the one place the scripts' "auto" device and dtype settings are resolved.
     python train.py config/X.py --batch_size=4 --compile=False
 
 Arguments without "--" are config files, executed in order; they may only assign keys
-that already exist. Then each --key=value overrides one key; the value is parsed as a
-Python literal (else kept as a string) and must have the type of the default.
-Any mistake stops the program with one line naming the valid choices.
+that already exist (a config file may also import modules and define helpers: modules,
+functions and classes are not settings). Then each --key=value overrides one key; the value
+is parsed as a Python literal (else kept as a string) and must have the type of the default;
+None only where the default is None. Any mistake stops the program with one line naming the
+valid choices, or for a config file that raises, its own path and line.
 """
 
 import ast
 import glob
 import os
 import sys
+import traceback
+import types
 from contextlib import nullcontext
 
 import torch
@@ -26,8 +30,11 @@ class ConfigError(ValueError):
 
 
 def _check_type(key, value, default):
-    if default is None or value is None:
+    if default is None:   # a key whose default is None takes any value (e.g. train.py's fast_attn_steps)
         return value
+    if value is None:
+        raise ConfigError(f"--{key} cannot be None: its type is {type(default).__name__} "
+                          f"(only keys whose default is None take None)")
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"--{key} must be True or False, got {value!r}")
@@ -38,22 +45,50 @@ def _check_type(key, value, default):
     return value
 
 
+def _run_config_file(path, config):
+    """Execute a config file in a scope holding the current config; returns that scope. An exception
+    in the file becomes one ConfigError naming the file's own path and line (not File "<string>")."""
+    if os.path.isdir(path):
+        choices = ", ".join(sorted(glob.glob(os.path.join(path, "*.py"))))
+        raise ConfigError(f"config file {path!r} is a directory, not a .py file; in it: {choices or '(no .py files)'}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path!r}: {type(e).__name__}: {e}") from None
+    scope = dict(config)   # one dict as globals: helpers defined in the file can see its other names
+    try:
+        exec(compile(source, path, "exec"), scope)
+    except SyntaxError as e:
+        raise ConfigError(f"{path}:{e.lineno}: SyntaxError: {e.msg}") from None
+    except Exception as e:
+        line = next((fr.lineno for fr in reversed(traceback.extract_tb(e.__traceback__)) if fr.filename == path), "?")
+        msg = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{path}:{line}: {type(e).__name__}: {msg}") from None
+    return scope
+
+
 def apply_config(argv, config):
     """Update the dict `config` (a script's globals of simple values) from argv. Raises ConfigError."""
     valid = sorted(k for k in config if not k.startswith("_"))
+    defaults = dict(config)   # types are checked against these, not against what an earlier argument set
     for arg in argv:
         if not arg.startswith("--"):
-            if not os.path.isfile(arg):
+            if not os.path.exists(arg):
                 choices = ", ".join(sorted(glob.glob(os.path.join(os.path.dirname(arg) or "config", "*.py"))))
                 raise ConfigError(f"config file {arg!r} not found; available: {choices or '(none)'}")
-            scope = dict(config)
-            exec(open(arg).read(), {}, scope)
+            scope = _run_config_file(arg, config)
             for key, value in scope.items():
                 if key.startswith("_") or key in config and scope[key] is config[key]:
                     continue
+                if isinstance(value, types.ModuleType) or callable(value):   # import math, def f(): not settings
+                    continue
                 if key not in config:
                     raise ConfigError(f"{arg}: unknown config key {key!r}; valid keys: {', '.join(valid)}")
-                config[key] = _check_type(key, value, config[key])
+                try:
+                    config[key] = _check_type(key, value, defaults[key])
+                except ConfigError as e:
+                    raise ConfigError(f"{arg}: {e}") from None
         else:
             if "=" not in arg:
                 raise ConfigError(f"expected --key=value, got {arg!r}")
@@ -64,7 +99,7 @@ def apply_config(argv, config):
                 value = ast.literal_eval(val)
             except (SyntaxError, ValueError):
                 value = val
-            config[key] = _check_type(key, value, config[key])
+            config[key] = _check_type(key, value, defaults[key])
     return config
 
 

@@ -509,7 +509,8 @@ class HRM(LanguageModel):
                 logits = out @ self.wte.weight.T                          # tied projection
                 if targets is not None:
                     w_bar = w.float().mean(dim=(0, 1))                     # mean over batch and positions
-                    entropy = -(w_bar * torch.log(w_bar)).sum()
+                    # 0 log 0 = 0: a weight of exactly 0 adds nothing (and no NaN to the gradient)
+                    entropy = -(w_bar * torch.log(w_bar.clamp_min(torch.finfo(w_bar.dtype).tiny))).sum()
                     L_s = self.cross_entropy(logits, targets) - c.ent_lambda * entropy
                     loss = L_s / c.S if loss is None else loss + L_s / c.S
             z_L, z_H = z_L.detach(), z_H.detach()                         # sg(): no gradient across passes
@@ -571,8 +572,37 @@ def build_model(config):
     return {"hrm": HRM, "transformer": Transformer, "unitf": UniTF}[config.arch](config)
 
 
-def model_from_checkpoint(ckpt):
-    """The model a train.py checkpoint holds (ckpt: the dict torch.load(path, weights_only=True) returns)."""
-    model = build_model(ModelConfig(**ckpt["model_args"]))
-    model.load_state_dict(ckpt["model"])
+def load_checkpoint(path):
+    """A train.py checkpoint as a dict, loaded with weights_only=True (a pickle holding code never runs).
+    Every failure is a ValueError with one line that names the file and the problem."""
+    import os
+    import pickle
+    if not os.path.isfile(path):
+        raise ValueError(f"no checkpoint at {path}" + (" (it is a folder)" if os.path.isdir(path) else ""))
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's own message advises weights_only=False: never do that here
+        raise ValueError(f"{path} holds Python objects other than tensors and was not loaded "
+                         f"(not a train.py checkpoint, or unsafe)") from None
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"cannot load {path}: {type(e).__name__}: {first} (truncated or not a checkpoint)") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_args"} <= ckpt.keys():
+        raise ValueError(f"{path} is not a train.py checkpoint (no 'model' and 'model_args' entries)")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt, path="the checkpoint"):
+    """The model a train.py checkpoint holds (ckpt: the dict load_checkpoint returns). Refuses non-finite
+    weights: such a model only ever samples one token and trains with every step skipped."""
+    bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"{path} has non-finite weights in {len(bad)} tensor(s) ({', '.join(bad[:3])}"
+                         f"{', ...' if len(bad) > 3 else ''}); use an earlier checkpoint")
+    try:
+        model = build_model(ModelConfig(**ckpt["model_args"]))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, ValueError, RuntimeError) as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"{path} does not build a model: {type(e).__name__}: {first}") from None
     return model

@@ -7,21 +7,49 @@ in the style of the paper's figures.
 
 import argparse
 import json
+import math
 import os
 import sys
 
 
+def fail(msg):
+    """Stop with one line, as sys.exit(msg) does: a caller in-process can catch the SystemExit (and read the
+    line in it); run as a script, the line goes to stderr with exit status 2 (see the end of the file)."""
+    sys.exit(f"plot.py: error: {msg}")
+
+
 def read_log(out_dir):
+    """out_dir/log.jsonl as a list of dicts, one per iteration, sorted by iteration. Lines that are not
+    a JSON object with an integer "iter" (a run killed mid-write, a hand edit) are skipped and counted
+    in a note on stderr; a log with no valid line at all stops the program."""
     path = os.path.join(out_dir, "log.jsonl")
-    if not os.path.exists(path):
-        sys.exit(f"plot.py: error: {path} not found (is {out_dir!r} a train.py out_dir?)")
-    rows = []
-    with open(path) as f:
+    if not os.path.isfile(path):
+        fail(f"{path} not found (is {out_dir!r} a train.py out_dir?)")
+    rows, skipped = [], 0
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            if line.strip():
-                rows.append(json.loads(line))
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                r = None
+            if isinstance(r, dict) and isinstance(r.get("iter"), int) and not isinstance(r["iter"], bool):
+                rows.append(r)
+            else:
+                skipped += 1
+    if not rows:
+        fail(f"{path} has no log lines" + (f" ({skipped} malformed)" if skipped else " (it is empty)") +
+             "; train.py writes one per evaluation")
+    if skipped:
+        print(f"note: skipped {skipped} malformed line(s) in {path}", file=sys.stderr)
     by_iter = {r["iter"]: r for r in rows}  # a resumed run may log an iteration again: keep the last
     return [by_iter[i] for i in sorted(by_iter)]
+
+
+def finite(v):
+    """A number to plot: not None, a string, or the NaN/inf of a diverged run."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def main(argv=None):
@@ -34,7 +62,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     labels = args.labels.split(",") if args.labels else [os.path.basename(os.path.normpath(r)) for r in args.runs]
     if len(labels) != len(args.runs):
-        sys.exit(f"plot.py: error: {len(labels)} labels for {len(args.runs)} runs")
+        fail(f"{len(labels)} labels for {len(args.runs)} runs")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):   # before the work, not after it
+        fail(f"--out {args.out!r}: the folder {os.path.dirname(args.out)!r} does not exist")
     logs = [read_log(r) for r in args.runs]
 
     import matplotlib
@@ -42,13 +72,13 @@ def main(argv=None):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=150)
     for label, log in zip(labels, logs):
-        x = [r["iter"] for r in log if r.get(args.metric) is not None]
-        y = [r[args.metric] for r in log if r.get(args.metric) is not None]
+        x = [r["iter"] for r in log if finite(r.get(args.metric))]
+        y = [r[args.metric] for r in log if finite(r.get(args.metric))]
         ax.plot(x, y, marker="o", markersize=2.5, linewidth=1.4, label=f"{label} ({y[-1]:.3f})" if y else label)
     ax.set_xlabel("iteration")
     ax.set_ylabel("validation CE" if args.metric == "val_loss" else "train CE")
     ax.grid(True, linestyle=":", color="0.8")
-    finals = [r[args.metric] for log in logs for r in log[1:] if r.get(args.metric) is not None]
+    finals = [r[args.metric] for log in logs for r in log[1:] if finite(r.get(args.metric))]
     if finals:  # like the paper, leave the iteration-0 values (about ln V) off the chart
         lo, hi = min(finals), max(finals)
         ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.15 * (hi - lo + 1e-9))
@@ -61,4 +91,10 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        print(e.code, file=sys.stderr)   # a usage or data error: its one line, and exit status 2
+        sys.exit(2)

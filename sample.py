@@ -7,6 +7,7 @@ Sample text from a checkpoint written by train.py.
 Decoding uses the per-application KV cache (model.py, SPEC section 5) unless --use_cache=False.
 """
 
+import math
 import os
 import sys
 import time
@@ -14,7 +15,7 @@ import time
 import torch
 
 from configurator import DTYPES, auto_device, auto_dtype, configure, precision_context
-from model import model_from_checkpoint
+from model import load_checkpoint, model_from_checkpoint
 from prepare import get_codec, load_meta
 
 # -----------------------------------------------------------------------------
@@ -41,8 +42,10 @@ def fail(msg):
 
 if init_from != "resume":
     fail(f"init_from must be 'resume' (a checkpoint in out_dir), got {init_from!r}")
-if temperature < 0:
-    fail(f"temperature must be >= 0, got {temperature}")
+if temperature < 0 or not math.isfinite(temperature):
+    fail(f"temperature must be >= 0 and finite, got {temperature}")
+if 0 < temperature < 1e-4:   # logits / temperature would overflow to inf, and softmax give NaN
+    fail(f"temperature={temperature} is too small to sample with; use 0 for greedy decoding, or >= 1e-4")
 if top_k < 0:
     fail(f"top_k must be >= 1 (or 0 for no limit), got {top_k}")
 if num_samples < 1 or max_new_tokens < 0:
@@ -55,17 +58,32 @@ dtype = auto_dtype(dtype, device_type)
 if dtype not in DTYPES:
     fail(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
 
+if start.startswith("FILE:"):   # read the prompt before the (slower) checkpoint, so its errors come first
+    try:
+        with open(start[5:], encoding="utf-8") as f:
+            start = f.read()
+    except OSError as e:
+        fail(f"cannot read the prompt file {start[5:]!r}: {e.strerror or e}")
+    except UnicodeDecodeError as e:
+        fail(f"the prompt file {start[5:]!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+             f"give a text file")
+
 path = os.path.join(out_dir, ckpt)
 if not os.path.exists(path):
     fail(f"no checkpoint at {path}; train one first (python train.py config/shakespeare_hrm.py)")
-try:
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    model = model_from_checkpoint(checkpoint)
-except Exception as e:
-    fail(f"cannot load {path}: {type(e).__name__}: {e}")
+try:   # one line for a truncated, unsafe or foreign file, and for non-finite weights
+    checkpoint = load_checkpoint(path)
+    model = model_from_checkpoint(checkpoint, path)
+except ValueError as e:
+    fail(str(e))
 # the tokenizer the model was trained with: the copy of meta.json in the checkpoint (older checkpoints:
 # the dataset's meta.json, else GPT-2 BPE)
-meta = checkpoint.get("meta") or load_meta(checkpoint["config"].get("data_dir", "data"), checkpoint["config"]["dataset"])
+train_config = checkpoint.get("config") or {}
+try:
+    meta = checkpoint.get("meta") or load_meta(train_config.get("data_dir", "data"),
+                                               train_config.get("dataset", "shakespeare"))
+except (OSError, ValueError) as e:   # a damaged meta.json: decoding through a guess would print garbage
+    fail(f"cannot read the dataset's meta.json for {path}: {type(e).__name__}: {e}")
 if meta is not None and meta.get("vocab_size", model.config.vocab_size) != model.config.vocab_size:
     fail(f"the model has vocab_size={model.config.vocab_size} but its dataset's meta.json says {meta['vocab_size']}")
 encode, decode = get_codec(meta)
@@ -74,12 +92,6 @@ model.eval().to(device)
 torch.manual_seed(seed)
 ctx = precision_context(device_type, dtype)
 
-if start.startswith("FILE:"):
-    try:
-        with open(start[5:], encoding="utf-8") as f:
-            start = f.read()
-    except OSError as e:
-        fail(f"cannot read the prompt file: {e}")
 ids = encode(start) or [0 if meta and meta.get("tokenizer") == "char" else 50256]  # "" -> <|endoftext|> (BPE)
 bs = model.config.block_size
 if len(ids) > bs:

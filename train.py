@@ -13,10 +13,11 @@ own seeded generator, so a run gives the same numbers with 1 or W processes, and
 resume (the sampler's whole state is the iteration number).
 """
 
+import fcntl
 import json
 import math
 import os
-import random
+import signal
 import sys
 import time
 
@@ -26,8 +27,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import DTYPES, auto_device, auto_dtype, configure, precision_context
-from model import MODEL_FIELDS, ModelConfig, build_model
-from prepare import load_meta
+from model import MODEL_FIELDS, ModelConfig, build_model, load_checkpoint
+from prepare import check_dataset
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -38,6 +39,7 @@ eval_iters = 50              # batches per split in an evaluation
 eval_only = False            # evaluate once and exit
 always_save_checkpoint = False  # save ckpt.pt at every eval, not only when val improves
 init_from = "scratch"        # "scratch" or "resume" (from out_dir/ckpt_last.pt)
+overwrite = False            # a new run in an out_dir that holds one replaces its log and checkpoints
 max_nonfinite = 10           # stop after this many non-finite iterations in a row
 # data
 dataset = "shakespeare"      # data/<dataset>/{train,val}.bin from prepare.py
@@ -53,7 +55,7 @@ n_head = 16                  # attention heads
 n_layer = 4                  # transformer: independent blocks L
 N = 4                        # hrm: Slow-module firings per pass
 T = 3                        # hrm: Fast steps per Slow firing
-M = 0                        # unitf: steps (0 = default 12); hrm: ignored, M = N*T
+M = None                     # unitf: steps (None = 12); hrm: leave None, M = N*T
 K = 2                        # hrm/unitf: gradient window (last K steps)
 S = 1                        # hrm: supervision passes
 ent_lambda = 0.01            # hrm: fusion-entropy weight
@@ -86,6 +88,11 @@ config = configure(globals(), prog="train.py")
 ddp = int(os.environ.get("RANK", -1)) != -1
 rank, local_rank, world_size = 0, 0, 1
 device = auto_device(device)
+try:
+    torch.device(device)
+except (RuntimeError, TypeError):
+    print(f"train.py: error: device={device!r} is not a device; use auto, cpu, cuda or cuda:<index>", file=sys.stderr)
+    sys.exit(2)
 if device.startswith("cuda") and not torch.cuda.is_available():
     print(f"train.py: error: device={device!r} but CUDA is not available", file=sys.stderr)
     sys.exit(2)
@@ -144,37 +151,89 @@ for key in ("batch_size", "max_iters", "eval_iters", "eval_interval", "log_inter
     least = 0 if key == "max_iters" else 1
     if config[key] < least:
         fail(f"{key} must be >= {least}, got {config[key]}")
-data = {}
-for split in ("train", "val"):
-    path = os.path.join(data_dir, dataset, f"{split}.bin")
-    if not os.path.exists(path):
-        hint = "python prepare.py" if dataset == "shakespeare" else f"python prepare.py --dataset={dataset}"
-        fail(f"{path} not found; run `{hint}` first")
-        break
-    data[split] = np.memmap(path, dtype=np.uint16, mode="r")
-    if len(data[split]) <= block_size + 1:
-        fail(f"block_size={block_size} needs more than {block_size + 1} tokens, but {path} holds {len(data[split])}")
+for key in ("min_lr", "weight_decay", "grad_clip", "warmup_iters", "lr_decay_iters", "seed", "vocab_size"):
+    if config[key] < 0:
+        fail(f"{key} must be >= 0, got {config[key]}")
+if not learning_rate > 0:
+    fail(f"learning_rate must be > 0, got {learning_rate}")
+for key in ("beta1", "beta2"):
+    if not 0 <= config[key] < 1:
+        fail(f"{key} must be in [0, 1), got {config[key]}")
+data, meta = {}, None
+try:
+    meta = check_dataset(data_dir, dataset)   # files present, whole uint16 tokens, sizes and ids as meta.json says
+except ValueError as e:
+    fail(str(e))
+else:
+    for split in ("train", "val"):
+        path = os.path.join(data_dir, dataset, f"{split}.bin")
+        data[split] = np.memmap(path, dtype=np.uint16, mode="r")
+        if len(data[split]) <= block_size + 1:
+            fail(f"block_size={block_size} needs more than {block_size + 1} tokens, but {path} holds {len(data[split])}")
 # the vocabulary is the dataset's: a config may leave vocab_size at 0 or repeat it, never contradict it
-meta = load_meta(data_dir, dataset)
 data_vocab = meta["vocab_size"] if meta else 50257
 if vocab_size and vocab_size != data_vocab:
     fail(f"vocab_size={vocab_size}, but {os.path.join(data_dir, dataset, 'meta.json')} says the dataset has "
          f"{data_vocab} ({meta['tokenizer'] if meta else 'gpt2'}); leave vocab_size at 0 to take it from the data")
 vocab_size = config["vocab_size"] = data_vocab
 model_args = {k: config[k] for k in MODEL_FIELDS}
-model_args["M"] = (M or None) if arch == "unitf" else None
+model_args["M"] = M if arch == "unitf" else None
 try:
     model_config = ModelConfig(**model_args)
 except ValueError as e:
     fail(str(e))
 ckpt_last, ckpt_best = os.path.join(out_dir, "ckpt_last.pt"), os.path.join(out_dir, "ckpt.pt")
-if init_from == "resume" and not os.path.exists(ckpt_last):
-    fail(f"init_from='resume' but {ckpt_last} does not exist")
+log_path = os.path.join(out_dir, "log.jsonl")
+lock_file = None  # held (flock) for the whole run: one run per out_dir; the OS drops it when we die
+
+
+def take_out_dir():
+    """Create out_dir, lock it, and refuse to mix two runs in it. Master only; returns an error or None."""
+    global lock_file
+    if not out_dir:
+        return "out_dir is empty; give a folder, e.g. --out_dir=out"
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        return f"out_dir {out_dir!r} is a file, not a folder"
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lock_file = open(os.path.join(out_dir, ".lock"), "a+")
+        probe = os.path.join(out_dir, f".write_test.{os.getpid()}")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        return f"cannot use out_dir {out_dir!r}: {e.strerror or e} (a file in its path, or not writable)"
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock_file.seek(0)
+        holder = lock_file.read().strip() or "another process"
+        return f"out_dir {out_dir!r} is in use by another train.py run ({holder}); wait for it or use another out_dir"
+    lock_file.seek(0)
+    lock_file.truncate()
+    lock_file.write(f"pid {os.getpid()} on {os.uname().nodename}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    lock_file.flush()
+    for name in os.listdir(out_dir):  # temporaries of a save that crashed or was killed: we hold the lock
+        if name.startswith(("ckpt.pt.tmp.", "ckpt_last.pt.tmp.", "log.jsonl.tmp.")):
+            os.remove(os.path.join(out_dir, name))
+    held = [n for n in ("log.jsonl", "ckpt.pt", "ckpt_last.pt") if os.path.exists(os.path.join(out_dir, n))]
+    if init_from == "scratch" and held and not eval_only:
+        if not overwrite:
+            return (f"out_dir {out_dir!r} already holds a run ({', '.join(held)}); resume it with "
+                    f"--init_from=resume, replace it with --overwrite=True, or choose another --out_dir")
+        for n in held:
+            os.remove(os.path.join(out_dir, n))
+    if init_from == "resume" and not os.path.exists(ckpt_last):
+        return f"init_from='resume' but {ckpt_last} does not exist"
+    return None
+
+
+if master and not errors:
+    problem = take_out_dir()
+    if problem:
+        fail(problem)
 stop_on_errors()
 
 # --- seeding and data ----------------------------------------------------------
-random.seed(seed)
-np.random.seed(seed)
 torch.manual_seed(seed)  # the model's init: identical on every rank
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 micro_per_rank = gradient_accumulation_steps // world_size
@@ -193,14 +252,19 @@ def get_batch(split, stream, i, j):
 
 
 # --- model, optimiser, checkpoint -----------------------------------------------
-iter_num, best_val_loss, skipped_total = 0, float("inf"), 0
+# best_val_loss starts at the step-0 evaluation: a model is "good" (ckpt.pt, the stop message) only if it
+# beats the initial one, so a diverged model with finite but huge weights never becomes the best
+iter_num, best_val_loss, best_iter, skipped_total = 0, float("inf"), None, 0
 checkpoint = None
+# Settings a resume must keep: they decide which tokens each iteration sees and how val is measured, so
+# changing them breaks exact resume. The others (max_iters, the learning-rate schedule, ...) may change.
+DATA_KEYS = ("dataset", "batch_size", "block_size", "seed", "gradient_accumulation_steps", "eval_iters")
+SILENT_KEYS = ("init_from", "out_dir", "data_dir", "overwrite", "device", "compile", "log_interval")
 if init_from == "resume":
     try:
-        checkpoint = torch.load(ckpt_last, map_location="cpu", weights_only=True)
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        fail(f"cannot load {ckpt_last}: {type(e).__name__}: {first} (truncated, not a checkpoint, or unsafe)")
+        checkpoint = load_checkpoint(ckpt_last)
+    except ValueError as e:
+        fail(str(e))
     else:
         saved = checkpoint.get("model_args", {})
         diff = {k: (saved.get(k, getattr(ModelConfig, k)), model_args[k]) for k in model_args
@@ -208,6 +272,25 @@ if init_from == "resume":
         if diff:
             fail(f"{ckpt_last} holds a different model: " +
                  ", ".join(f"{k}={a!r} in the checkpoint vs {b!r} now" for k, (a, b) in diff.items()))
+        old = checkpoint.get("config", {})
+        changed = {k: (old[k], config[k]) for k in config if k in old and old[k] != config[k] and k not in MODEL_FIELDS}
+        data_diff = [f"{k}={a!r} in the checkpoint vs {b!r} now" for k, (a, b) in changed.items() if k in DATA_KEYS]
+        if (checkpoint.get("meta") or {}).get("tokens") and meta and meta.get("tokens") != checkpoint["meta"]["tokens"]:
+            data_diff.append(f"the dataset's token counts {checkpoint['meta']['tokens']} in the checkpoint vs "
+                             f"{meta.get('tokens')} now (prepared again?)")
+        if data_diff:
+            fail(f"cannot resume {ckpt_last} exactly: " + ", ".join(data_diff) +
+                 "; use the checkpoint's settings, or start a new run in another out_dir")
+        if "optimizer" not in checkpoint:
+            fail(f"{ckpt_last} holds no optimizer state, so training cannot resume from it exactly "
+                 f"(ckpt.pt is the weights-only copy for sampling; resume from ckpt_last.pt)")
+        bad = [k for k, v in checkpoint["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        if bad:
+            fail(f"{ckpt_last} has non-finite weights ({', '.join(bad[:3])}); it cannot train; use an earlier "
+                 f"checkpoint or start again")
+        notes = [f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items() if k not in DATA_KEYS + SILENT_KEYS]
+        if notes and not errors:
+            log("note: resuming with changed settings (the schedule, not the data): " + ", ".join(notes))
 stop_on_errors()
 model = build_model(model_config)
 if checkpoint is not None:
@@ -222,7 +305,7 @@ optimizer = torch.optim.AdamW(
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
     iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
-    skipped_total = checkpoint.get("skipped_total", 0)
+    best_iter, skipped_total = checkpoint.get("best_iter"), checkpoint.get("skipped_total", 0)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 ctx = precision_context(device_type, dtype)
 
@@ -249,63 +332,55 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-def rng_state():
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if device_type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
+# No RNG state is saved: after the initialisation nothing draws from a global generator (no dropout; each
+# batch comes from its own generator seeded with (seed, stream, i, j)), so a resume is exact without it.
 
 
-def set_rng_state(state):
-    """Inverse of rng_state() after a to_plain() round trip through the checkpoint."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy(), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and device_type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def gather_rng_states():
-    states = [None] * world_size
-    if ddp:
-        dist.all_gather_object(states, rng_state())
-    else:
-        states[0] = rng_state()
-    return states
-
-
-if checkpoint is not None:
-    states = checkpoint.get("rng", [])
-    if len(states) != world_size:
-        log(f"note: checkpoint has RNG states of {len(states)} ranks, this run has {world_size}; reseeding")
-    else:
-        set_rng_state(states[rank])
-
-
-def to_plain(obj):
-    """RNG states hold tuples and numpy arrays; make them loadable with weights_only=True."""
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(obj.copy())
-    if isinstance(obj, (list, tuple)):
-        return [to_plain(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: to_plain(v) for k, v in obj.items()}
-    return obj
-
-
-def save_checkpoint(path, rng_states):
-    """Atomic: write a temporary file beside the target, fsync, then os.replace."""
-    ckpt = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "model_args": model_args,
-            "config": config, "iter_num": iter_num, "best_val_loss": best_val_loss,
-            "skipped_total": skipped_total, "rng": to_plain(rng_states), "meta": meta}
+def save_checkpoint(path):
+    """Atomic: write a temporary file beside the target, fsync, then os.replace. A failed save (disk full)
+    removes its temporary and stops the run with one line naming the checkpoints still intact.
+    ckpt.pt (the best model, for sampling) holds the weights only; ckpt_last.pt (for resume) everything."""
+    ckpt = {"model": raw_model.state_dict(), "model_args": model_args, "config": config, "iter_num": iter_num,
+            "best_val_loss": best_val_loss, "best_iter": best_iter, "meta": meta}
+    if path == ckpt_last:
+        ckpt.update(optimizer=optimizer.state_dict(), skipped_total=skipped_total)
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(ckpt, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        intact = [p for p in (ckpt_best, ckpt_last) if os.path.exists(p)]
+        sys.stderr.write(f"train.py: error: cannot save {path} at iter {iter_num}: {e.strerror or e}; "
+                         f"intact: {', '.join(intact) or 'no checkpoint'}\n")
+        os._exit(1)  # no cleanup that could block on a collective: the other ranks die with us under torchrun
+
+
+def trim_log(upto):
+    """On resume, drop log lines after the checkpoint's iteration (written before a kill that came ahead of
+    the checkpoint, so the resumed run logs them again) and any half-written line: one line per iteration."""
+    if not os.path.exists(log_path):
+        return
+    keep = []
+    with open(log_path) as f:
+        for line in f:
+            try:
+                if json.loads(line)["iter"] <= upto:
+                    keep.append(line if line.endswith("\n") else line + "\n")
+            except (ValueError, KeyError, TypeError):
+                pass
+    tmp = f"{log_path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.writelines(keep)
+    os.replace(tmp, log_path)
+
+
+if master and init_from == "resume":
+    trim_log(iter_num)
 
 
 del checkpoint
@@ -336,9 +411,38 @@ def estimate_loss():
     return out
 
 
+# --- signals: Ctrl-C (SIGINT) and SIGTERM save ckpt_last.pt at the current iteration, then exit ----------
+stop_signal = []
+
+
+def on_signal(signum, frame):
+    if stop_signal:  # a second one: quit now, without saving
+        sys.stderr.write(f"train.py: {signal.Signals(signum).name} again: quitting without saving\n")
+        os._exit(128 + signum)
+    stop_signal.append(signum)
+    if master:
+        sys.stderr.write(f"train.py: {signal.Signals(signum).name}: saving at the end of this iteration "
+                         f"(send it again to quit without saving)\n")
+
+
+signal.signal(signal.SIGINT, on_signal)
+signal.signal(signal.SIGTERM, on_signal)
+
+
+def should_stop():
+    """Whether any rank got a signal (every rank must stop at the same iteration to save together)."""
+    if not ddp:
+        return bool(stop_signal)
+    flag = torch.tensor([len(stop_signal)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() > 0
+
+
+def fmt_time(sec):
+    return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.1f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
+
+
 # --- training loop -------------------------------------------------------------
-if master:
-    os.makedirs(out_dir, exist_ok=True)
 log(f"{arch}: {raw_model.num_params():,} parameters | {tokens_per_iter:,} tokens/iter "
     f"({gradient_accumulation_steps} x {batch_size} x {block_size}, {world_size} rank(s)) | "
     f"{device} {dtype} | clip {clip:.4g}")
@@ -354,26 +458,39 @@ while True:
     if (iter_num % eval_interval == 0 or iter_num == max_iters) and not resumed_here:
         t_eval = time.time()
         losses = estimate_loss()
-        states = gather_rng_states()
         finite = math.isfinite(losses["train"]) and math.isfinite(losses["val"])
         if master:
-            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
-            with open(os.path.join(out_dir, "log.jsonl"), "a") as f:
+            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
+                  f"({time.time() - t_eval:.1f} s)", flush=True)
+        if master and not eval_only:
+            # the log line goes first; a kill before the checkpoints is undone by trim_log() on resume
+            with open(log_path, "a") as f:
                 f.write(json.dumps({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                                     "lr": lr, "grad_norm": last_grad_norm if math.isfinite(last_grad_norm) else None,
                                     "time_s": round(time.time() - t_start, 3), "tokens": iter_num * tokens_per_iter,
                                     "skipped": skipped_total}) + "\n")
-            if finite and iter_num > 0:  # a non-finite model never reaches a checkpoint
+            if finite and iter_num == 0 and best_iter is None:
+                best_val_loss = losses["val"]  # the bar every "good" checkpoint must clear
+            elif finite:  # a non-finite model never reaches a checkpoint
                 if losses["val"] < best_val_loss or always_save_checkpoint:
-                    best_val_loss = min(best_val_loss, losses["val"])
-                    save_checkpoint(ckpt_best, states)
-                save_checkpoint(ckpt_last, states)
+                    if losses["val"] < best_val_loss:
+                        best_val_loss, best_iter = losses["val"], iter_num
+                    save_checkpoint(ckpt_best)
+                save_checkpoint(ckpt_last)
         t0 += time.time() - t_eval  # keep evaluation out of ms/iter
     if eval_only or iter_num >= max_iters:
         break
+    if should_stop():  # after the due evaluation, so a resume from here skips nothing
+        if master:
+            save_checkpoint(ckpt_last)
+            sys.stderr.write(f"train.py: stopped by {signal.Signals(stop_signal[0]).name if stop_signal else 'a signal'} "
+                             f"at iter {iter_num}; saved {ckpt_last}; continue with --init_from=resume\n")
+        if ddp:
+            dist.destroy_process_group()
+        sys.exit(128 + (stop_signal[0] if stop_signal else signal.SIGTERM))
 
     # forward/backward over this rank's share of the global micro-batches
-    micro_losses = []
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for m_i in range(micro_per_rank):
         j = rank + m_i * world_size  # rank r takes micro-batches r, r+W, r+2W, ...
         X, Y = get_batch("train", 0, iter_num, j)
@@ -381,12 +498,14 @@ while True:
             model.require_backward_grad_sync = m_i == micro_per_rank - 1
         with ctx:
             _, loss = model(X, Y)
-        micro_losses.append(loss.item())
+        loss_sum += loss.detach().double()
         scaler.scale(loss / micro_per_rank).backward()  # DDP averages over ranks: the global mean
-    train_loss = all_mean(micro_losses)
+    if ddp:
+        dist.all_reduce(loss_sum)
     scaler.unscale_(optimizer)
     total_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip if clip > 0 else float("inf"))
-    grad_norm = total_norm.item()
+    # the iteration's one host sync: the mean loss over every rank's micro-batches, and the grad norm
+    train_loss, grad_norm = torch.stack([loss_sum / gradient_accumulation_steps, total_norm.double()]).tolist()
     if math.isfinite(train_loss) and math.isfinite(grad_norm):
         scaler.step(optimizer)
         last_grad_norm, bad_in_row = grad_norm, 0
@@ -396,7 +515,8 @@ while True:
         log(f"iter {iter_num}: non-finite loss {train_loss} or grad norm {grad_norm}; step skipped "
             f"({bad_in_row} in a row, {skipped_total} in all)")
         if bad_in_row >= max_nonfinite:
-            good = ckpt_last if os.path.exists(ckpt_last) else "none saved yet"
+            good = (f"{ckpt_best} (iter {best_iter}, val loss {best_val_loss:.4f})" if best_iter is not None
+                    and os.path.exists(ckpt_best) else "none (no evaluation beat the initial model)")
             log(f"stopping at iter {iter_num}: {bad_in_row} non-finite iterations in a row "
                 f"(max_nonfinite={max_nonfinite}); last good checkpoint: {good}")
             if ddp:
@@ -409,8 +529,11 @@ while True:
     if iter_num % log_interval == 0:
         dt = (time.time() - t0) / log_interval
         t0 = time.time()
-        log(f"iter {iter_num}: loss {train_loss:.4f}, lr {lr:.3e}, grad norm {grad_norm:.3f}, "
-            f"{dt * 1000:.1f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s")
+        elapsed = time.time() - t_start  # evaluations included, so the time left includes them too
+        left = elapsed / (iter_num - start_iter) * (max_iters - iter_num)
+        log(f"iter {iter_num}/{max_iters} ({100 * iter_num / max(1, max_iters):.1f}%): loss {train_loss:.4f}, "
+            f"lr {lr:.3e}, grad norm {grad_norm:.3f}, {dt * 1000:.1f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s | "
+            f"{fmt_time(elapsed)} elapsed, {fmt_time(left)} left")
 
 log(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, {time.time() - t_start:.1f} s")
 if ddp:
