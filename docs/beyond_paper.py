@@ -98,8 +98,8 @@ def run_all(jobs, workers, iters):
             os.makedirs(out_dir, exist_ok=True)
             if os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
                 cmd = cmd + ["--init_from=resume"]     # exact resume of a run cut off by a stop
-            elif os.path.exists(os.path.join(out_dir, "log.jsonl")):
-                os.remove(os.path.join(out_dir, "log.jsonl"))  # cut before its first checkpoint: start over
+            else:
+                cmd = cmd + ["--overwrite=True"]       # cut before its first checkpoint: start over
             print(" ".join(cmd[1:]), flush=True)
             out = open(os.path.join(out_dir, "train.out"), "a")
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
