@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from configurator import HelpFormatter
 from model import load_checkpoint, model_from_checkpoint
 from prepare import check_dataset
 
@@ -119,13 +120,13 @@ def step_stats(model, batches, device):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--out_dir", required=True, help="a train.py out_dir holding an HRM checkpoint")
     ap.add_argument("--ckpt", default="ckpt.pt", help="checkpoint file in out_dir")
     ap.add_argument("--data_dir", default=None, help="default: the data_dir the model was trained with")
     ap.add_argument("--batches", type=int, default=8, help="validation batches")
     ap.add_argument("--batch_size", type=int, default=1, help="sequences per batch (the paper: 8 x 1)")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, ...")
     ap.add_argument("--json", default=None, help="write the numbers here")
     args = ap.parse_args(argv)
     # everything checkable before the work

@@ -34,7 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from configurator import DTYPES, auto_device
+from configurator import DTYPES, HelpFormatter, auto_device
 from model import ModelConfig, build_model, fast_attn_schedule
 
 V = 50257
@@ -294,11 +294,11 @@ def check_device(device):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="sizes: tiny (tests), cpu (this machine), paper (a GPU)")
     ap.add_argument("--models", default=",".join(PAPER), help="comma-separated subset of " + ",".join(ROWS) +
                     "; beyond = " + ",".join(BEYOND))
-    ap.add_argument("--device", default="auto")
+    ap.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, ...")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the forward for latency and generation (recompute and cached alike); "

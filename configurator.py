@@ -12,9 +12,11 @@ None only where the default is None. Any mistake stops the program with one line
 valid choices, or for a config file that raises, its own path and line.
 """
 
+import argparse
 import ast
 import glob
 import os
+import re
 import sys
 import traceback
 import types
@@ -103,12 +105,37 @@ def apply_config(argv, config):
     return config
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help of the argparse scripts (prepare, plot, bench, analyze): the docstring as written, and every
+    option with its default."""
+
+
+def print_help(scope, keys, prog):
+    """--help for train.py and sample.py: the docstring, then each setting with its default and its
+    comment, read from the settings block of the script itself (the globals the configurator applies)."""
+    print((scope.get("__doc__") or "").strip() + "\n")
+    print(f"usage: python {prog} [config/FILE.py ...] [--key=value ...]\n\nsettings (default, what it does):")
+    comments = {}
+    for line in open(scope["__file__"]):
+        m = re.match(r"^(\w+)\s*=\s*(.*?)\s*(?:#\s*(.*))?$", line.rstrip())
+        if m and m.group(1) in keys and m.group(1) not in comments:
+            comments[m.group(1)] = m.group(3) or ""
+    width = max(len(f"--{k}={v!r}") for k, v in keys.items())
+    for k, v in keys.items():
+        if k in comments:  # settings only: not the modules' and helpers' names
+            print(f"  {f'--{k}={v!r}':<{width}}  {comments[k]}")
+
+
 def configure(scope, argv=None, prog=None):
     """apply_config on a script's globals; on error print one line and exit(2)."""
     keys = {k: v for k, v in scope.items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:
+        print_help(scope, keys, prog or os.path.basename(sys.argv[0]))
+        sys.exit(0)
     try:
-        apply_config(sys.argv[1:] if argv is None else argv, keys)
+        apply_config(argv, keys)
     except ConfigError as e:
         print(f"{prog or os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -2,7 +2,11 @@
 Learning curves (val CE against iteration) from train.py's out_dir/log.jsonl files, one line per run,
 in the style of the paper's figures.
 
-    python plot.py out-hrm out-tf out-unitf --out=curves.png [--title=...] [--labels=HRM,T-L4,UniTF]
+    python plot.py out-hrm out-tf out-unitf [--out=curves.png] [--title=...] [--labels=HRM,T-L4,UniTF]
+
+The chart goes beside the runs (out-hrm/curves.png) unless --out says otherwise. The y axis is
+logarithmic, so iteration 0 (about ln V) stays on it, and a dotted line marks the unigram CE of the
+first run's dataset: what a model that knows only token frequencies scores.
 """
 
 import argparse
@@ -10,6 +14,8 @@ import json
 import math
 import os
 import sys
+
+from configurator import HelpFormatter
 
 
 def fail(msg):
@@ -52,15 +58,33 @@ def finite(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def unigram_of(out_dir):
+    """The unigram CE of the dataset a run trained on (from its checkpoint's config), or None."""
+    try:
+        import torch
+        from prepare import unigram_ce
+        name = "ckpt.pt" if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else "ckpt_last.pt"
+        cfg = torch.load(os.path.join(out_dir, name), map_location="cpu", weights_only=True, mmap=True)["config"]
+        if os.path.getsize(os.path.join(cfg["data_dir"], cfg["dataset"], "train.bin")) > 1 << 30:
+            raise ValueError("too large to count here")  # OpenWebText: 18 GB to read for one line
+        return unigram_ce(cfg["data_dir"], cfg["dataset"])
+    except Exception:  # no checkpoint or no data here: the curves alone
+        print(f"note: no unigram line (no checkpoint or dataset found for {out_dir})", file=sys.stderr)
+        return None
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("runs", nargs="+", help="train.py out_dir folders")
-    ap.add_argument("--out", default="curves.png", help="PNG to write")
-    ap.add_argument("--title", default=None)
+    ap.add_argument("--out", default=None, help="PNG to write (default: curves.png in the first run's folder)")
+    ap.add_argument("--title", default=None, help="chart title (default: the metric and the runs' names)")
+    ap.add_argument("--unigram", default=True, action=argparse.BooleanOptionalAction,
+                    help="draw the unigram CE of the first run's dataset: what token frequencies alone score")
     ap.add_argument("--labels", default=None, help="comma-separated legend labels (default: folder names)")
-    ap.add_argument("--metric", default="val_loss", choices=["val_loss", "train_loss"])
+    ap.add_argument("--metric", default="val_loss", choices=["val_loss", "train_loss"], help="which logged loss to draw")
     args = ap.parse_args(argv)
     labels = args.labels.split(",") if args.labels else [os.path.basename(os.path.normpath(r)) for r in args.runs]
+    args.out = args.out or os.path.join(args.runs[0], "curves.png")   # beside the runs, not in the repository
     if len(labels) != len(args.runs):
         fail(f"{len(labels)} labels for {len(args.runs)} runs")
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):   # before the work, not after it
@@ -68,6 +92,7 @@ def main(argv=None):
     logs = [read_log(r) for r in args.runs]
 
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=150)
@@ -78,12 +103,16 @@ def main(argv=None):
     ax.set_xlabel("iteration")
     ax.set_ylabel("validation CE" if args.metric == "val_loss" else "train CE")
     ax.grid(True, linestyle=":", color="0.8")
-    finals = [r[args.metric] for log in logs for r in log[1:] if finite(r.get(args.metric))]
-    if finals:  # like the paper, leave the iteration-0 values (about ln V) off the chart
-        lo, hi = min(finals), max(finals)
-        ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.15 * (hi - lo + 1e-9))
-    if args.title:
-        ax.set_title(args.title, fontsize=10)
+    uni = unigram_of(args.runs[0]) if args.unigram else None
+    if uni is not None:
+        ax.axhline(uni, color="0.4", linewidth=1, linestyle=":", label=f"unigram {uni:.3f}")
+    # log scale: iteration 0 (about ln V) stays on the chart without flattening the later differences
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2f"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.1f"))
+    ax.grid(True, which="minor", linestyle=":", color="0.9")
+    title = args.title or (("validation" if args.metric == "val_loss" else "train") + " CE: " + ", ".join(labels))
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(args.out)

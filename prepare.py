@@ -31,6 +31,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from configurator import HelpFormatter
+
 # sha256 of GPT-2's vocab.bpe and encoder.json (SPEC section 7; the same tiktoken checks)
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
@@ -382,7 +384,7 @@ def text_files(input_path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--dataset", default="shakespeare",
                     help="shakespeare | shakespeare_char | openwebtext | a name for --input")
     ap.add_argument("--input", default=None, help="a folder of .txt/.md texts (or one text file) to prepare offline")

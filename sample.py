@@ -27,7 +27,7 @@ num_samples = 3              # samples to draw
 max_new_tokens = 200         # tokens per sample
 temperature = 0.8            # 0 = greedy; < 1 sharper, > 1 more random
 top_k = 200                  # keep the top_k most likely tokens (0 = all)
-seed = 1337
+seed = 1337                  # the sampling generator's seed
 device = "auto"              # "auto", "cpu", "cuda", ...
 dtype = "auto"               # "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16", "float16"
 use_cache = True             # cached decoding; False re-runs the whole context for every token

@@ -70,8 +70,8 @@ learning_rate = 1.5e-4       # peak learning rate
 min_lr = 1.5e-5              # cosine floor
 max_iters = 10000            # total iterations
 weight_decay = 0.1           # on 2-D parameters
-beta1 = 0.9
-beta2 = 0.95
+beta1 = 0.9                  # AdamW first-moment decay
+beta2 = 0.95                 # AdamW second-moment decay
 grad_clip = 1.0              # clip norm; HRM/UniTF use grad_clip * K / M (0 = off)
 decay_lr = True              # linear warmup then cosine; False = constant
 warmup_iters = 1000          # linear warmup

@@ -69,3 +69,26 @@ def test_analyze_refuses_other_archs(runs):
         analyze.main([f"--out_dir={runs[1]}"])
     with pytest.raises(SystemExit, match="no checkpoint"):
         analyze.main(["--out_dir=/nonexistent"])
+
+
+def test_plot_defaults_beside_the_runs_with_iteration_0_and_unigram(runs, capsys):
+    """No --out: curves.png goes in the first run's folder; the title names the runs; the y axis keeps
+    iteration 0 in view; the unigram line of the run's dataset is drawn."""
+    import os
+    import matplotlib.pyplot as plt
+    import plot
+    saved = {}
+    real = plt.Figure.savefig
+    plt.Figure.savefig = lambda fig, path, *a, **k: (saved.update(fig=fig), real(fig, path, *a, **k))[1]
+    try:
+        plot.main([*runs])
+    finally:
+        plt.Figure.savefig = real
+    assert os.path.exists(os.path.join(runs[0], "curves.png"))
+    ax = saved["fig"].axes[0]
+    assert "hrm" in ax.get_title() and "tf" in ax.get_title()
+    lo, hi = ax.get_ylim()
+    first = read_log(runs[0])[0]
+    assert first["iter"] == 0 and lo <= first["val_loss"] <= hi     # iteration 0 on the chart
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert any(lab.startswith("unigram ") for lab in labels), labels

@@ -4,6 +4,8 @@ import ast
 import glob
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -130,6 +132,11 @@ def test_few_iterations_lower_the_loss(arch, extra, data_dir, tmp_path):
     for key in ("iter", "train_loss", "val_loss", "lr", "grad_norm", "time_s"):
         assert key in log[-1]
     assert "ms/iter" in p.stdout and "tok/s" in p.stdout
+    import re   # the progress line: i/max_iters, percent, elapsed and time left
+    assert re.search(r"^iter 15/30 \(50\.0%\): .* \d+ s elapsed, \d+ s left$", p.stdout, flags=re.M), p.stdout
+    assert re.search(r"^step 30: train loss [\d.]+, val loss [\d.]+ \([\d.]+ s\)$", p.stdout, flags=re.M), p.stdout
+    # ckpt.pt (for sampling) holds no optimiser state: at most half of ckpt_last.pt (AdamW keeps 2 moments)
+    assert os.path.getsize(os.path.join(out, "ckpt.pt")) <= 0.5 * os.path.getsize(os.path.join(out, "ckpt_last.pt"))
     ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert not any(k.startswith("_orig_mod") for k in ck["model"])
     assert ck["iter_num"] == 30 and ck["model_args"]["arch"] == arch
@@ -219,3 +226,24 @@ def test_paper_config_shape_smoke(tmp_path):
     assert "hrm:" in p.stdout and "6 x 1 x 64" in p.stdout and "step 2:" in p.stdout
     log = read_log(str(tmp_path / "out"))
     assert [r["iter"] for r in log] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("script", ["train", "sample", "bench", "analyze", "prepare", "plot"])
+def test_help_lists_every_setting_with_its_default(script):
+    """--help exits 0 and names every setting the script reads, with its default."""
+    import re
+    p = subprocess.run([sys.executable, os.path.join(ROOT, f"{script}.py"), "--help"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0 and not p.stderr, p.stderr
+    if script in ("train", "sample"):  # configurator scripts: every global of the settings block
+        src = open(os.path.join(ROOT, f"{script}.py")).read()
+        block = src.split("# " + "-" * 77)[1]
+        keys = re.findall(r"^(\w+) = ", block, flags=re.M)
+        assert len(keys) > 10
+        for k in keys:
+            assert re.search(rf"^  --{k}=\S", p.stdout, flags=re.M), k
+    else:              # argparse scripts: every option shows its default
+        opts = [o for o in re.findall(r"^  (--\w+)", p.stdout, flags=re.M) if o != "--help"]
+        assert opts
+        for o in opts:
+            assert re.search(rf"{o}.*?\(default: ", p.stdout, flags=re.S), o
