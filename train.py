@@ -144,6 +144,15 @@ if dtype not in DTYPES:
     fail(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
 if init_from not in ("scratch", "resume"):
     fail(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+if gradient_accumulation_steps >= 1 and gradient_accumulation_steps % world_size:
+    # a config written for fewer ranks (the Shakespeare ones: 1 micro-batch of 8): split each micro-batch so
+    # every rank gets whole ones and the global batch stays gradient_accumulation_steps * batch_size sequences
+    f = world_size // math.gcd(gradient_accumulation_steps, world_size)
+    if batch_size % f == 0:
+        log(f"note: {world_size} ranks: gradient_accumulation_steps {gradient_accumulation_steps} -> "
+            f"{gradient_accumulation_steps * f}, batch_size {batch_size} -> {batch_size // f} (the same global batch)")
+        gradient_accumulation_steps, batch_size = gradient_accumulation_steps * f, batch_size // f
+        config.update(gradient_accumulation_steps=gradient_accumulation_steps, batch_size=batch_size)
 if gradient_accumulation_steps < 1 or gradient_accumulation_steps % world_size:
     fail(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a positive multiple of "
          f"the world size {world_size} (it counts global micro-batches)")

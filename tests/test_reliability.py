@@ -176,11 +176,20 @@ def test_ddp_equals_one_process(data_dir, tmp_path):
 
 
 def test_ddp_config_error_on_every_rank(data_dir, tmp_path):
-    p = run_train(HRM + ["--max_iters=2", "--gradient_accumulation_steps=3"], data_dir, str(tmp_path), check=False,
-                  nproc=2)
+    # 3 micro-batches of 3 sequences cannot be shared out evenly over 2 ranks (4 of 4 would be: see below)
+    p = run_train(HRM + ["--max_iters=2", "--gradient_accumulation_steps=3", "--batch_size=3"], data_dir,
+                  str(tmp_path), check=False, nproc=2)
     assert p.returncode != 0
     lines = [l for l in p.stderr.splitlines() if l.startswith("train.py: error")]
     assert sorted(l.split(":")[1].strip() for l in lines) == ["error (rank 0)", "error (rank 1)"], p.stderr
     assert all(l.endswith("must be a positive multiple of the world size 2 (it counts global micro-batches)")
                for l in lines)
     assert "step 0" not in p.stdout
+
+
+def test_ddp_splits_a_one_rank_config(data_dir, tmp_path):
+    """A config written for one process (1 micro-batch of 4) runs on 2 ranks with the same global batch."""
+    p = run_train(HRM + ["--max_iters=2", "--eval_interval=2", "--gradient_accumulation_steps=1"], data_dir,
+                  str(tmp_path / "run"), nproc=2)
+    assert "note: 2 ranks: gradient_accumulation_steps 1 -> 2, batch_size 4 -> 2 (the same global batch)" in p.stdout
+    assert "8 x 32, 2 rank(s)" not in p.stdout and "2 x 2 x 32, 2 rank(s)" in p.stdout, p.stdout
