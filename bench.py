@@ -16,10 +16,13 @@ memory of the process is that model's alone (on CUDA: torch.cuda.max_memory_allo
     and the bound on their ratio: recompute's time per token over the time of the weight
     matrix-vector products alone that one cached token needs (each weight matrix read once per
     block application -- at batch 1 these set the floor under cached decoding)
-  - training: one forward+backward with the model's K (no optimiser step), MFU from the paper's
-    FLOP model -- S(M + 2K) C for HRM, (M + 2K) C for UniTF, 3 L C for the Transformer, with
-    C = B n (32 d^2 + 4 n d) the forward FLOPs of one block -- against a peak measured in this
-    run by a large matmul (and on CUDA also against the datasheet bf16 peak).
+  - training: one forward+backward with the model's K (no optimiser step). MFU from FLOPs counted
+    by torch's FLOP counter on the real model (counted_train_flops: every matmul that runs, no-grad
+    steps, gates and Slow module included) against a peak measured in this run by a large matmul
+    (and on CUDA also against the datasheet bf16 peak). Beside it, labelled, the MFU the paper's
+    FLOP model would give -- S(M + 2K) C for HRM, (M + 2K) C for UniTF, 3 L C for the Transformer,
+    with C = B n (32 d^2 + 4 n d) the forward FLOPs of one block -- which leaves out HRM's gates,
+    its Slow module and the no-grad steps' extras.
 Model weights are random: latency and memory do not depend on their values.
 """
 
@@ -169,6 +172,33 @@ def train_flops(cfg, batch, n):
     return cfg.S * (total + back * extra_firings * C)
 
 
+def counted_train_flops(cfg, batch, n):
+    """FLOPs of one training forward + backward of a (batch, n) micro-batch, counted by torch's own FLOP
+    counter (torch.utils.flop_counter) on the meta device, so nothing is allocated and a d=4096 model
+    counts in seconds. It counts what the model really runs: every matmul of the no-grad steps, the gates,
+    the Slow module, the fusion, the tied head and attention (causal SDPA counted as the full n x n). For
+    the Transformer it equals 6 N + 12 L n d per token (tests/test_bench.py)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with torch.device("meta"):
+        model = build_model(cfg)
+        x = torch.zeros(batch, n, dtype=torch.long)
+    with FlopCounterMode(display=False) as counter:
+        _, loss = model(x, x)
+        loss.backward()
+    return counter.get_total_flops()
+
+
+def device_peak_tflops(device, dtype):
+    """The peak MFU is measured against: the datasheet bf16 dense peak of a known GPU, else a matmul
+    peak measured now (a CPU has no useful datasheet figure)."""
+    if device.startswith("cuda") and dtype == torch.bfloat16:
+        name = torch.cuda.get_device_name(device)
+        sheet = next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in name), None)
+        if sheet:
+            return sheet
+    return measure_peak_tflops(device, dtype, None if device.startswith("cuda") else 1024)  # CPU: ~0.1 s
+
+
 def worker(phase, spec):
     """One phase for one model in this (fresh) process; returns a dict of measurements."""
     device, preset = spec["device"], spec["preset"]
@@ -219,7 +249,8 @@ def worker(phase, spec):
         B, n = spec.get("train_batch", p["train_batch"]), p["seq"]
         x = torch.randint(0, cfg.vocab_size, (B, n), generator=g).to(device)
         y = torch.randint(0, cfg.vocab_size, (B, n), generator=g).to(device)
-        ctx = torch.autocast(device_type="cuda", dtype=dtype) if dtype != torch.float32 else torch.enable_grad()
+        dev_type = "cuda" if device.startswith("cuda") else "cpu"   # the run's own device, not always cuda
+        ctx = torch.autocast(device_type=dev_type, dtype=dtype) if dtype != torch.float32 else torch.enable_grad()
 
         def step():
             with ctx:
@@ -237,14 +268,15 @@ def worker(phase, spec):
         out["train_iter_mem_mb"] = peak_mb(device) - base  # what the iteration itself added at its peak
         if not device.startswith("cuda") and not spec.get("mem_env"):
             del out["train_peak_mem_mb"], out["train_iter_mem_mb"]  # the timing run's RSS is not a clean measure
-        out["train_flops"] = train_flops(cfg, B, n)
+        out["train_flops"] = counted_train_flops(cfg, B, n)    # MFU: what really ran
+        out["train_flops_paper"] = train_flops(cfg, B, n)     # the paper's S(M+2K)C model, for comparison
         out["train_achieved_tflops"] = out["train_flops"] / dt / 1e12
     return out
 
 
-def measure_peak_tflops(device, dtype):
-    """The machine's matmul peak, measured now: the median of several large matmuls."""
-    n = 8192 if device.startswith("cuda") else 2048
+def measure_peak_tflops(device, dtype, n=None):
+    """The machine's matmul peak, measured now: the median of several large (n x n) matmuls."""
+    n = n or (8192 if device.startswith("cuda") else 2048)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     dt = timed(lambda: a @ b, device, 10 if device.startswith("cuda") else 5)
@@ -344,6 +376,7 @@ def main(argv=None):
             mem = run_worker("train", {**spec, "mem_env": True})
             r["train_peak_mem_mb"], r["train_iter_mem_mb"] = mem["train_peak_mem_mb"], mem["train_iter_mem_mb"]
         r["mfu"] = r["train_achieved_tflops"] / peak
+        r["mfu_paper_model"] = r["train_flops_paper"] / r["train_ms_iter"] * 1e3 / 1e12 / peak
         r["mfu_datasheet"] = r["train_achieved_tflops"] / sheet if sheet else None
         cfg = model_config(name, args.preset)
         r.update(d=cfg.n_embd, M=cfg.M if cfg.arch != "transformer" else cfg.n_layer, device=dev_name,
@@ -353,7 +386,7 @@ def main(argv=None):
     ref = next((r for r in results if r["model"] == "tf_l4"), None)
     cols = ["model", "params", "latency ms", "x T-L4", "peak MB", "gen tok/s (recompute)", "x T-L4",
             "gen tok/s (cached)", "cached/recompute", "bound", "KV cache MB", "train ms/iter", "train tok/s",
-            "train peak MB", "train iter MB", "MFU"]
+            "train peak MB", "train iter MB", "MFU", "MFU (paper FLOP model)"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in results:
@@ -365,7 +398,7 @@ def main(argv=None):
               f"{r['gen_tok_s_cached']:.1f} | {r['gen_speedup']:.1f}x | {r['gen_speedup_bound']:.1f}x | "
               f"{r['kv_cache_mb']:.2f} | "
               f"{r['train_ms_iter']:.1f} | {r['train_tok_s']:.0f} | {r['train_peak_mem_mb']:.0f} | "
-              f"{r['train_iter_mem_mb']:.1f} | {mfu} |")
+              f"{r['train_iter_mem_mb']:.1f} | {mfu} | {r['mfu_paper_model']:.1%} |")
     print(f"\n{len(results)} models in {time.time() - t_all:.0f} s. On the CPU, peak MB is the peak resident memory of "
           f"a fresh process (Python and torch included) and train iter MB what one training iteration adds at its "
           f"peak; KV cache for prompt {PROMPT} + {GEN} generated tokens. bound: what cached/recompute would be if "

@@ -447,6 +447,13 @@ def should_stop():
     return flag.item() > 0
 
 
+# MFU: the FLOPs of one iteration counted once by torch's FLOP counter on the meta device (bench.py), against
+# the device's peak (a GPU's datasheet bf16 figure, else a matmul peak measured now), over all ranks
+from bench import counted_train_flops, device_peak_tflops  # noqa: E402
+flops_per_iter = counted_train_flops(model_config, batch_size, block_size) * gradient_accumulation_steps
+peak_flops = device_peak_tflops(device, DTYPES[dtype]) * 1e12 * world_size
+
+
 def fmt_time(sec):
     return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.1f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
 
@@ -541,7 +548,8 @@ while True:
         elapsed = time.time() - t_start  # evaluations included, so the time left includes them too
         left = elapsed / (iter_num - start_iter) * (max_iters - iter_num)
         log(f"iter {iter_num}/{max_iters} ({100 * iter_num / max(1, max_iters):.1f}%): loss {train_loss:.4f}, "
-            f"lr {lr:.3e}, grad norm {grad_norm:.3f}, {dt * 1000:.1f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s | "
+            f"lr {lr:.3e}, grad norm {grad_norm:.3f}, {dt * 1000:.1f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s, "
+            f"MFU {flops_per_iter / dt / peak_flops:.1%} | "
             f"{fmt_time(elapsed)} elapsed, {fmt_time(left)} left")
 
 log(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, {time.time() - t_start:.1f} s")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench import PAPER, run_worker, train_flops, model_config
+from bench import PAPER, counted_train_flops, run_worker, train_flops, model_config
 from conftest import ROOT
 
 
@@ -74,6 +74,32 @@ def test_flop_model():
     assert train_flops(hrm, 1, 1024) == (12 + 2 * 2) * C   # S (M + 2K) C
     assert train_flops(tf, 1, 1024) == 3 * 4 * C           # 3 L C
     assert model_config("hrm_nt36", "paper").n_embd == 2048
+
+
+@pytest.mark.parametrize("L", [2, 4])
+def test_counted_flops_transformer_is_6N_plus_12Lnd(L):
+    """torch's FLOP counter on the real Transformer at the paper's size agrees with nanoGPT's 6 N + 12 L n d
+    per token (N counts the tied embedding once: its FLOPs are the output layer's) within 5%."""
+    import torch
+    from model import build_model
+    cfg = model_config(f"tf_l{L}", "paper")
+    with torch.device("meta"):
+        N = build_model(cfg).num_params()
+    B, n = 2, 1024
+    expected = B * n * (6 * N + 12 * L * n * cfg.n_embd)
+    assert abs(counted_train_flops(cfg, B, n) / expected - 1) < 0.05
+
+
+def test_counted_flops_see_what_the_paper_model_leaves_out():
+    """HRM NT=12: the counter sees the gates, the Slow module and the no-grad steps' extras, so it counts
+    more than S (M + 2K) C (measured: 36.0 C against 16 C); the window shows too: K = 4 adds the backward of
+    2 Fast steps (each 1.44 C forward with its gate and projections) and of the Slow firing at step 9."""
+    hrm = model_config("hrm_nt12", "paper")
+    k2 = counted_train_flops(hrm, 1, 1024)
+    assert k2 > 2 * train_flops(hrm, 1, 1024)
+    k4 = counted_train_flops(model_config("hrm_nt12", "paper", K=4), 1, 1024)
+    C = 1 * 1024 * (32 * 4096 ** 2 + 4 * 1024 * 4096)
+    assert 7 * C < k4 - k2 < 9.5 * C        # measured 8.3 C: 2 x 2 x 1.44 C (Fast) + 2 x 1.3 C (Slow)
 
 
 def test_bench_tiny_end_to_end(tmp_path):
