@@ -68,7 +68,7 @@ def slow_module_frozen(model):
         yield
         return
     real = model.H_net.forward
-    model.H_net.forward = lambda z_H, z_L, rope, cache=None, app=0: z_H
+    model.H_net.forward = lambda z_H, z_L, rope, cache=None, cache_slot=0: z_H
     try:
         yield
     finally:
@@ -84,33 +84,52 @@ def val_ce(model, batches, device):
     return float(np.mean(losses))
 
 
+@contextmanager
+def record_steps(model):
+    """Every step of every pass, in order, as [i, fired, z_L, z_H_before, z_H_after], read from forward
+    hooks on L_net and H_net: the model carries no analysis code. L_net's call of step i is
+    L_net(z_L, z_H, x~, ...), so its second input is z_H before the step; H_net's output, when it fires
+    right after, is z_H after it."""
+    steps, M = [], model.config.M
+
+    def on_fast(module, args, z_L):
+        steps.append([len(steps) % M + 1, False, z_L, args[1], args[1]])
+
+    def on_slow(module, args, z_H):
+        steps[-1][1], steps[-1][4] = True, z_H
+
+    hooks = [model.L_net.register_forward_hook(on_fast)]
+    if model.H_net is not None:
+        hooks.append(model.H_net.register_forward_hook(on_slow))
+    try:
+        yield steps
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 @torch.no_grad()
 def step_stats(model, batches, device):
     """Per-step statistics of the first pass, averaged over the batches; and the mean fusion weights."""
     M, T = model.config.M, model.config.T
     keys = ("gate", "z_L_norm", "z_H_norm_before", "z_H_norm_after", "cos_zH_zL")
     acc = {k: np.zeros(M) for k in keys}
-    gates, steps, fusion_w = [], [], []   # this batch's L_net gate means and step records
-
-    def on_step(i, fired, z_L, z_H_before, z_H_after):
-        steps.append((z_L.float().norm(dim=-1).mean().item(), z_H_before.float().norm(dim=-1).mean().item(),
-                      z_H_after.float().norm(dim=-1).mean().item(),
-                      F.cosine_similarity(z_H_after.float(), z_L.float(), dim=-1).mean().item()))
-
+    gates, fusion_w = [], []   # this batch's L_net gate means; the fusion weights
     hooks = [model.L_net.gate.register_forward_hook(lambda m, i, out: gates.append(torch.sigmoid(out.float()).mean().item())),
              model.fusion.register_forward_hook(lambda m, i, out: fusion_w.append(out[1].float().mean(dim=(0, 1)).tolist()))]
-    model.step_callback = on_step
     try:
         for x, _ in batches:
             gates.clear()
-            steps.clear()
-            model(x.to(device))
-            first = np.array(steps[:M])                 # steps of pass 1 (later passes follow in order)
+            with record_steps(model) as steps:
+                model(x.to(device))
+            first = np.array([(z_L.float().norm(dim=-1).mean().item(), zb.float().norm(dim=-1).mean().item(),
+                               za.float().norm(dim=-1).mean().item(),
+                               F.cosine_similarity(za.float(), z_L.float(), dim=-1).mean().item())
+                              for _, _, z_L, zb, za in steps[:M]])   # steps of pass 1
             acc["gate"] += np.array(gates[:M])
             for j, k in enumerate(keys[1:]):
                 acc[k] += first[:, j]
     finally:
-        model.step_callback = None
         for h in hooks:
             h.remove()
     rows = [dict(step=i, h_fired=i % T == 0, **{k: float(acc[k][i - 1] / len(batches)) for k in keys})

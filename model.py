@@ -130,36 +130,6 @@ def apply_rope(x, cos, sin_rot):
     return x * cos + x.roll(x.size(-1) // 2, -1) * sin_rot
 
 
-class KVCache:
-    """Preallocated keys and values, one slot per block *application* (SPEC section 5).
-
-    A shared-weight block sees a different input at every step, so every step writes
-    its own keys: slot `app` holds the keys and values of application number `app`.
-    `pos` is how many positions are already cached; the model advances it after a forward.
-    """
-
-    def __init__(self, n_apps, batch_size, n_head, max_len, head_dim, device, dtype):
-        shape = (n_apps, batch_size, n_head, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)  # views, made once: decoding is op-bound
-        self.max_len = max_len
-        self.pos = 0
-
-    def update(self, app, k, v):
-        """Write keys/values (B, H, t, hd) of positions pos..pos+t for one application, return all so far."""
-        t = k.size(2)
-        if self.pos + t > self.max_len:
-            raise ValueError(f"KV cache full: {self.pos} + {t} > {self.max_len}")
-        k_slot, v_slot = self.k_slots[app], self.v_slots[app]
-        k_slot.narrow(2, self.pos, t).copy_(k)  # copy_ converts to the cache's dtype
-        v_slot.narrow(2, self.pos, t).copy_(v)
-        return k_slot.narrow(2, 0, self.pos + t), v_slot.narrow(2, 0, self.pos + t)
-
-    def nbytes(self):
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
-
-
 class CausalSelfAttention(nn.Module):
     """MHSA_causal with a fused W_qkv (split [q, k, v]), RoPE on q and k, scale 1/sqrt(head_dim)."""
 
@@ -169,7 +139,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.proj = nn.Linear(d, d, bias=False)
 
-    def forward(self, x, rope, cache=None, app=0):
+    def forward(self, x, rope, cache=None, cache_slot=0):
         B, t, d = x.shape
         qkv = self.qkv(x).view(B, t, 3, self.n_head, d // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, H, t, hd)
         pos = cache.pos if cache is not None else 0
@@ -180,10 +150,10 @@ class CausalSelfAttention(nn.Module):
         v = qkv[2]
         if cache is None or pos == 0:
             if cache is not None:
-                cache.update(app, k, v)
+                cache.update(cache_slot, k, v)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            k, v = cache.update(app, k, v)
+            k, v = cache.update(cache_slot, k, v)
             if k.dtype != q.dtype:
                 k, v = k.to(q.dtype), v.to(q.dtype)
             # one new token sees every cached position; a chunk of t needs the offset causal mask
@@ -221,15 +191,15 @@ class CausalAttnBlock(nn.Module):
         self.mlp = SwiGLU(d)
         self.norm2 = RMSNorm(d)
 
-    def forward(self, x, rope, cache=None, app=0):
-        """app: this application's KV cache slot. app=None skips the attention sublayer, a = 0
+    def forward(self, x, rope, cache=None, cache_slot=0):
+        """cache_slot: this application's slot in the KV cache. cache_slot=None skips the attention sublayer, a = 0
         (fast_attn_steps, SPEC section 8): x' = RMSNorm(x) post-norm, x' = x pre-norm; the rest is
         unchanged, so the block becomes position-wise and needs no cache."""
         if self.pre:
-            if app is not None:
-                x = x + self.attn(self.norm1(x), rope, cache, app)
+            if cache_slot is not None:
+                x = x + self.attn(self.norm1(x), rope, cache, cache_slot)
             return x + self.mlp(self.norm2(x))
-        x = self.norm1(x if app is None else x + self.attn(x, rope, cache, app))   # x'
+        x = self.norm1(x if cache_slot is None else x + self.attn(x, rope, cache, cache_slot))   # x'
         return self.norm2(x + self.mlp(x))                                          # x''
 
 
@@ -253,12 +223,12 @@ class GatedModule(nn.Module):
         self.proj_out = nn.Linear(d, d, bias=False)         # W_out
         self.alpha = nn.Parameter(torch.tensor(0.1))        # injection scale, learned
 
-    def forward(self, z, context, rope, cache=None, app=0):
+    def forward(self, z, context, rope, cache=None, cache_slot=0):
         """z: the state this module updates; context: [z; other sources] along the last dim."""
-        c = self.norm(torch.cat(context, dim=-1))
-        g = torch.sigmoid(self.gate(c))
-        h = self.block(self.proj_in(c), rope, cache, app)
-        return g * z + (1 - g) * self.alpha * self.proj_out(h)
+        c = self.norm(torch.cat(context, dim=-1))   # Eq. concat; the RMSNorm over it is SPEC's addition
+        g = torch.sigmoid(self.gate(c))              # Eq. gate
+        h = self.block(self.proj_in(c), rope, cache, cache_slot)   # Eq. content
+        return g * z + (1 - g) * self.alpha * self.proj_out(h)      # Eq. lgate
 
 
 class FastModule(GatedModule):
@@ -267,8 +237,8 @@ class FastModule(GatedModule):
     def __init__(self, d, n_head, norm="post", attn=True):
         super().__init__(d, n_head, n_in=3, norm=norm, attn=attn)
 
-    def forward(self, z_L, z_H, x_tilde, rope, cache=None, app=0):
-        return super().forward(z_L, (z_L, z_H, x_tilde), rope, cache, app)
+    def forward(self, z_L, z_H, x_tilde, rope, cache=None, cache_slot=0):
+        return super().forward(z_L, (z_L, z_H, x_tilde), rope, cache, cache_slot)
 
 
 class SlowModule(GatedModule):
@@ -277,8 +247,8 @@ class SlowModule(GatedModule):
     def __init__(self, d, n_head, norm="post"):
         super().__init__(d, n_head, n_in=2, norm=norm)
 
-    def forward(self, z_H, z_L, rope, cache=None, app=0):
-        return super().forward(z_H, (z_H, z_L), rope, cache, app)
+    def forward(self, z_H, z_L, rope, cache=None, cache_slot=0):
+        return super().forward(z_H, (z_H, z_L), rope, cache, cache_slot)
 
 
 # ---------------------------------------------------------------------------
@@ -302,7 +272,7 @@ class OutputFusion(nn.Module):
 
 
 # ---------------------------------------------------------------------------
-# Shared by all three models: tied embedding, RoPE table, init, generation.
+# Shared by all three models: tied embedding, RoPE table, init, the tied head (decoding: section 7).
 # ---------------------------------------------------------------------------
 
 class LanguageModel(nn.Module):
@@ -346,20 +316,15 @@ class LanguageModel(nn.Module):
             return checkpoint(module, *args, use_reentrant=False)
         return module(*args)
 
+    # cached decoding (section 7 below)
     def kv_cache_bytes(self, seq_len, batch_size=1, dtype=torch.float32):
-        """Size of a full KV cache: 2 * applications * n * d * bytes per sequence (SPEC section 5)."""
-        nbytes = torch.tensor([], dtype=dtype).element_size()
-        return 2 * self.n_cache_apps() * seq_len * self.config.n_embd * nbytes * batch_size
+        return kv_cache_bytes(self, seq_len, batch_size, dtype)
 
     def new_cache(self, batch_size, max_len=None, dtype=None):
-        """An empty cache, preallocated for max_len (default block_size) positions of every application."""
-        c = self.config
-        max_len = c.block_size if max_len is None else min(max_len, c.block_size)
-        if dtype is None:
-            dev = self.wte.weight.device.type
-            dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else self.wte.weight.dtype
-        return KVCache(self.n_cache_apps(), batch_size, c.n_head, max_len, c.n_embd // c.n_head,
-                       self.wte.weight.device, dtype)
+        return new_cache(self, batch_size, max_len, dtype)
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        return generate(self, idx, max_new_tokens, temperature, top_k, use_cache)
 
     def _tied_head(self, x, targets, cache, last_only):
         """After the last block: advance the cache past these positions, tied logits, CE loss."""
@@ -375,41 +340,6 @@ class LanguageModel(nn.Module):
     def cross_entropy(self, logits, targets):
         """Mean CE over the positions whose target is not -1, in float32 even under autocast."""
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Sample max_new_tokens after idx (B, t), as nanoGPT does; temperature=0 is greedy.
-
-        With use_cache, every block application decodes against its own preallocated cache
-        (RoPE offset by the cache length). When the context outgrows block_size it is cropped
-        to the last block_size tokens, which moves every position, so the cache is rebuilt
-        from the cropped context: from then on each token costs a full forward, and the
-        output stays identical to use_cache=False.
-        """
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        bs = self.config.block_size
-        cache = self.new_cache(idx.size(0), max_len=idx.size(1) + max_new_tokens) if use_cache else None
-        next_input = idx[:, -bs:]          # what the next forward must process
-        for _ in range(max_new_tokens):
-            if cache is not None and cache.pos + next_input.size(1) > cache.max_len:
-                cache.pos = 0                  # rebuild from the cropped context
-                next_input = idx[:, -bs:]
-            logits, _ = self(next_input, cache=cache, last_only=True)
-            logits = logits[:, -1, :].float()
-            if temperature == 0:
-                idx_next = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                    logits[logits < v[:, [-1]]] = -float("inf")
-                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-            idx = torch.cat((idx, idx_next), dim=1)
-            next_input = idx_next if cache is not None else idx[:, -bs:]
-        return idx
 
 
 # ---------------------------------------------------------------------------
@@ -442,7 +372,6 @@ class HRM(LanguageModel):
         # fixed prototypes z^0 ~ TN(0, 1, [-2, 2]): buffers, so saved but never trained
         self.register_buffer("z_H0", torch.empty(d))
         self.register_buffer("z_L0", torch.empty(d))
-        self.step_callback = None                  # optional f(i, fired, z_L, z_H_before, z_H_after), for analysis
         self._init_weights()
         self._init_shared_block(self.L_net.block, 0.02 / math.sqrt(config.M))
         if self.H_net is not None:
@@ -459,43 +388,20 @@ class HRM(LanguageModel):
         c = self.config
         return 1 + c.S * self.n_fast_apps + (0 if c.fast_only else c.S * c.N)
 
-    def one_pass(self, x_tilde, z_L, z_H, s=0, cache=None):
-        """Algorithm 3: M steps; steps 1..M-K without gradient (Loop 4a), the last K with (Loop 4b).
+    def fast_cache_slot(self, s, i):
+        """KV cache slot of Fast step i (1..M) of pass s: after the input block's slot 0, pass by pass;
+        None where the step does not attend (fast_attn_steps)."""
+        k = self.fast_slot[i - 1]
+        return None if k is None else 1 + s * self.n_fast_apps + k
 
-        K_slow = k >= 1 (SPEC section 8; the paper's "Hierarchical BPTT", section "Path to Large-Scale
-        Validation") also applies Slow firings j > N - k with gradient. Exactly these carry gradient then:
-          - z_L of Fast steps i > M - K (the Fast window), as in the paper; earlier Fast steps stay no_grad
-            even when the z_H they read has gradient, so nothing of theirs is kept;
-          - z_H of every firing j > N - k or inside the Fast window: a chain, so the gradient reaching z_H
-            (from the fusion, and from the window's Fast steps, which read z_H) runs back across them;
-          - a firing outside the Fast window reads a z_L made under no_grad, i.e. detached: its gradient
-            reaches theta_H, W^H and z_H, never theta_L. The chain starts at firing N - k + 1, whose input
-            z_H (from a no_grad firing) is detached too, and passes never connect (sg in Algorithm 2).
-        Kept activations: K Fast steps and max(k, firings in the window) Slow firings, not M steps.
-        """
-        c = self.config
-        grad = torch.is_grad_enabled()
-        for i in range(1, c.M + 1):            # i counts from 1 in every pass
-            in_window = grad and i > c.M - c.K
-            slot = self.fast_slot[i - 1]       # None: this step's attention is skipped (fast_attn_steps)
-            with torch.set_grad_enabled(in_window):
-                z_L = self._step(self.L_net, z_L, z_H, x_tilde, self.rope, cache,
-                                 None if slot is None else 1 + s * self.n_fast_apps + slot)
-            fired = i % c.T == 0
-            z_H_before = z_H
-            if fired and self.H_net is not None:  # the Slow module sees the z_L just computed
-                j = i // c.T                      # firing j of N in this pass
-                with torch.set_grad_enabled(in_window or (grad and j > c.N - c.K_slow)):
-                    z_H = self._step(self.H_net, z_H, z_L, self.rope, cache,
-                                     1 + c.S * self.n_fast_apps + s * c.N + j - 1)
-            if self.step_callback is not None:
-                self.step_callback(i, fired, z_L, z_H_before, z_H)
-        return z_L, z_H
+    def slow_cache_slot(self, s, j):
+        """KV cache slot of Slow firing j (1..N) of pass s: after every pass's Fast slots."""
+        return 1 + self.config.S * self.n_fast_apps + s * self.config.N + j - 1
 
     def forward(self, idx, targets=None, cache=None, last_only=False):
         """Algorithm 2. Returns (logits of the last pass, loss averaged over the S passes)."""
         c = self.config
-        x_tilde = self.input_block(self.wte(idx), self.rope, cache, app=0)   # computed once
+        x_tilde = self.input_block(self.wte(idx), self.rope, cache, cache_slot=0)   # computed once
         B, n, d = x_tilde.shape
         z_L = self.z_L0.to(x_tilde.dtype).expand(B, n, d)
         z_H = self.z_H0.to(x_tilde.dtype).expand(B, n, d)
@@ -518,6 +424,32 @@ class HRM(LanguageModel):
             cache.pos += n
         return logits, loss
 
+    def one_pass(self, x_tilde, z_L, z_H, s=0, cache=None):
+        """Algorithm 3: M steps; steps 1..M-K without gradient (Loop 4a), the last K with (Loop 4b).
+
+        K_slow = k >= 1 (SPEC section 8; the paper's "Hierarchical BPTT", section "Path to Large-Scale
+        Validation") also applies Slow firings j > N - k with gradient. Exactly these carry gradient then:
+          - z_L of Fast steps i > M - K (the Fast window), as in the paper; earlier Fast steps stay no_grad
+            even when the z_H they read has gradient, so nothing of theirs is kept;
+          - z_H of every firing j > N - k or inside the Fast window: a chain, so the gradient reaching z_H
+            (from the fusion, and from the window's Fast steps, which read z_H) runs back across them;
+          - a firing outside the Fast window reads a z_L made under no_grad, i.e. detached: its gradient
+            reaches theta_H, W^H and z_H, never theta_L. The chain starts at firing N - k + 1, whose input
+            z_H (from a no_grad firing) is detached too, and passes never connect (sg in Algorithm 2).
+        Kept activations: K Fast steps and max(k, firings in the window) Slow firings, not M steps.
+        """
+        c = self.config
+        grad = torch.is_grad_enabled()
+        for i in range(1, c.M + 1):            # i counts from 1 in every pass
+            in_window = grad and i > c.M - c.K
+            with torch.set_grad_enabled(in_window):
+                z_L = self._step(self.L_net, z_L, z_H, x_tilde, self.rope, cache, self.fast_cache_slot(s, i))
+            if i % c.T == 0 and self.H_net is not None:  # the Slow module sees the z_L just computed
+                j = i // c.T                             # firing j of N in this pass
+                with torch.set_grad_enabled(in_window or (grad and j > c.N - c.K_slow)):
+                    z_H = self._step(self.H_net, z_H, z_L, self.rope, cache, self.slow_cache_slot(s, j))
+        return z_L, z_H
+
 
 # ---------------------------------------------------------------------------
 # 6. Baselines (SPEC section 3)
@@ -539,7 +471,7 @@ class Transformer(LanguageModel):
     def forward(self, idx, targets=None, cache=None, last_only=False):
         x = self.wte(idx)
         for l, block in enumerate(self.blocks):
-            x = block(x, self.rope, cache, app=l)
+            x = block(x, self.rope, cache, cache_slot=l)
         return self._tied_head(x, targets, cache, last_only)
 
 
@@ -565,6 +497,96 @@ class UniTF(LanguageModel):
             with torch.set_grad_enabled(grad and i > c.M - c.K):
                 x = self._step(self.block, x, self.rope, cache, i - 1)
         return self._tied_head(x, targets, cache, last_only)
+
+
+# ---------------------------------------------------------------------------
+# 7. Cached decoding (SPEC section 5), which the paper describes but never built.
+#    A shared block sees a different input at every step, so every block *application* keeps its own
+#    keys and values: 1 + S M + S N slots for HRM, L for the Transformer, M for UniTF.
+# ---------------------------------------------------------------------------
+
+class KVCache:
+    """Preallocated keys and values, one slot per block *application* (SPEC section 5).
+
+    A shared-weight block sees a different input at every step, so every step writes
+    its own keys: slot `slot` holds the keys and values of block application number `slot`
+    (HRM's numbering: HRM.fast_cache_slot and HRM.slow_cache_slot).
+    `pos` is how many positions are already cached; the model advances it after a forward.
+    """
+
+    def __init__(self, n_apps, batch_size, n_head, max_len, head_dim, device, dtype):
+        shape = (n_apps, batch_size, n_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)  # views, made once: decoding is op-bound
+        self.max_len = max_len
+        self.pos = 0
+
+    def update(self, slot, k, v):
+        """Write keys/values (B, H, t, hd) of positions pos..pos+t for one application, return all so far."""
+        t = k.size(2)
+        if self.pos + t > self.max_len:
+            raise ValueError(f"KV cache full: {self.pos} + {t} > {self.max_len}")
+        k_slot, v_slot = self.k_slots[slot], self.v_slots[slot]
+        k_slot.narrow(2, self.pos, t).copy_(k)  # copy_ converts to the cache's dtype
+        v_slot.narrow(2, self.pos, t).copy_(v)
+        return k_slot.narrow(2, 0, self.pos + t), v_slot.narrow(2, 0, self.pos + t)
+
+    def nbytes(self):
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+
+def kv_cache_bytes(model, seq_len, batch_size=1, dtype=torch.float32):
+    """Size of a full KV cache: 2 * applications * n * d * bytes per sequence (SPEC section 5)."""
+    nbytes = torch.tensor([], dtype=dtype).element_size()
+    return 2 * model.n_cache_apps() * seq_len * model.config.n_embd * nbytes * batch_size
+
+
+def new_cache(model, batch_size, max_len=None, dtype=None):
+    """An empty cache, preallocated for max_len (default block_size) positions of every application."""
+    c = model.config
+    max_len = c.block_size if max_len is None else min(max_len, c.block_size)
+    if dtype is None:
+        dev = model.wte.weight.device.type
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else model.wte.weight.dtype
+    return KVCache(model.n_cache_apps(), batch_size, c.n_head, max_len, c.n_embd // c.n_head,
+                   model.wte.weight.device, dtype)
+
+
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+    """Sample max_new_tokens after idx (B, t), as nanoGPT does; temperature=0 is greedy.
+
+    With use_cache, every block application decodes against its own preallocated cache
+    (RoPE offset by the cache length). When the context outgrows block_size it is cropped
+    to the last block_size tokens, which moves every position, so the cache is rebuilt
+    from the cropped context: from then on each token costs a full forward, and the
+    output stays identical to use_cache=False.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    bs = model.config.block_size
+    cache = model.new_cache(idx.size(0), max_len=idx.size(1) + max_new_tokens) if use_cache else None
+    next_input = idx[:, -bs:]          # what the next forward must process
+    for _ in range(max_new_tokens):
+        if cache is not None and cache.pos + next_input.size(1) > cache.max_len:
+            cache.pos = 0                  # rebuild from the cropped context
+            next_input = idx[:, -bs:]
+        logits, _ = model(next_input, cache=cache, last_only=True)
+        logits = logits[:, -1, :].float()
+        if temperature == 0:
+            idx_next = logits.argmax(dim=-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+        idx = torch.cat((idx, idx_next), dim=1)
+        next_input = idx_next if cache is not None else idx[:, -bs:]
+    return idx
 
 
 def build_model(config):

@@ -55,12 +55,10 @@ def test_frozen_slow_module_keeps_z_H0(runs, data_dir):
     import torch
     import analyze
     model, ck = analyze.load(runs[0], "ckpt.pt", "cpu")
-    seen = []
-    model.step_callback = lambda i, fired, z_L, zb, za: seen.append(za)
-    with analyze.slow_module_frozen(model):
+    with analyze.slow_module_frozen(model), analyze.record_steps(model) as steps:
         model(torch.zeros((1, 8), dtype=torch.long))
-    model.step_callback = None
-    assert all(torch.equal(z[0, 0], model.z_H0) for z in seen)
+    assert len(steps) == model.config.M and sum(fired for _, fired, *_ in steps) == model.config.N
+    assert all(torch.equal(za[0, 0], model.z_H0) for *_, za in steps)
 
 
 def test_analyze_refuses_other_archs(runs):

@@ -452,10 +452,11 @@ def test_K_slow_gradient_routing(batch):
     firings 2, 3, 4 (steps 4, 6, 8), never into the Fast steps outside the window."""
     idx, tgt = batch
     m = make(tiny("hrm", N=4, T=2, K=1, S=2, K_slow=3), scale=3.0)
-    steps = []
-    m.step_callback = lambda i, fired, z_L, zb, za: steps.append((i, z_L, za if fired else None))
-    _, loss = m(idx, tgt)
-    m.step_callback = None
+    from analyze import record_steps
+    with record_steps(m) as record:
+        _, loss = m(idx, tgt)
+    steps = [(i, z_L, za if fired else None) for i, fired, z_L, zb, za in record]
+    assert [i for i, _, _ in steps] == list(range(1, 9)) * 2
     for _, z_L, z_H in steps:
         for z in (z_L, z_H):
             if z is not None and z.requires_grad:
@@ -561,18 +562,18 @@ def test_fast_attn_steps_zero_has_no_attention():
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_skipped_attention_is_a_zero(norm):
-    """A block applied with app=None equals the same block whose attention adds a = 0 (W_o = 0)."""
+    """A block applied with cache_slot=None equals the same block whose attention adds a = 0 (W_o = 0)."""
     from model import CausalAttnBlock
     torch.manual_seed(0)
     b = CausalAttnBlock(32, 4, norm)
     x = torch.randn(2, 7, 32)
     rope = rope_table(16, 8)
-    got = b(x, rope, app=None)
+    got = b(x, rope, cache_slot=None)
     with torch.no_grad():
         b.attn.proj.weight.zero_()
     torch.testing.assert_close(got, b(x, rope), rtol=0, atol=1e-6)
     # position-wise: a shorter input gives the same rows (up to BLAS blocking, which varies with shape)
-    torch.testing.assert_close(got[:, :3], b(x[:, :3], rope, app=None), rtol=0, atol=1e-6)
+    torch.testing.assert_close(got[:, :3], b(x[:, :3], rope, cache_slot=None), rtol=0, atol=1e-6)
 
 
 def test_fast_attn_steps_M_is_the_paper(batch):
