@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench import PAPER, counted_train_flops, run_worker, train_flops, model_config
+from bench import counted_train_flops, run_worker, train_flops, model_config
 from conftest import ROOT
 
 
@@ -73,7 +73,9 @@ def test_flop_model():
     C = 1 * 1024 * (32 * 4096 ** 2 + 4 * 1024 * 4096)
     assert train_flops(hrm, 1, 1024) == (12 + 2 * 2) * C   # S (M + 2K) C
     assert train_flops(tf, 1, 1024) == 3 * 4 * C           # 3 L C
-    assert model_config("hrm_nt36", "paper").n_embd == 2048
+    # the labelled paper-model column: for the Transformer it is the counted FLOPs without the tied head
+    head = 3 * 2 * 1024 * 4096 * tf.vocab_size
+    assert counted_train_flops(tf, 1, 1024) - head == pytest.approx(train_flops(tf, 1, 1024), rel=1e-3)
 
 
 @pytest.mark.parametrize("L", [2, 4])
@@ -130,8 +132,7 @@ def test_bench_tiny_end_to_end(tmp_path):
 def test_unknown_model_is_one_line():
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--models=gpt5"],
                        capture_output=True, text=True, cwd=ROOT)
-    assert p.returncode != 0 and "unknown model(s) ['gpt5']" in p.stderr
-    assert set(PAPER) >= {"hrm_nt12", "tf_l4", "unitf_m12"}
+    assert p.returncode == 2 and "unknown model(s) ['gpt5']" in p.stderr and "hrm_nt12" in p.stderr
 
 
 @pytest.mark.slow
