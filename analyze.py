@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from configurator import HelpFormatter
+from configurator import HelpFormatter, run_main
 from model import load_checkpoint, model_from_checkpoint
 from prepare import check_dataset
 
@@ -192,10 +192,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit as e:
-        if not isinstance(e.code, str):
-            raise
-        print(e.code, file=sys.stderr)   # a usage or data error: its one line, and exit status 2
-        sys.exit(2)
+    run_main(main)

@@ -37,7 +37,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from configurator import DTYPES, HelpFormatter, auto_device
+from configurator import DTYPES, HelpFormatter, auto_device, run_main
 from model import ModelConfig, build_model, fast_attn_schedule
 
 V = 50257
@@ -413,10 +413,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit as e:
-        if not isinstance(e.code, str):
-            raise
-        print(e.code, file=sys.stderr)   # a usage or data error: its one line, and exit status 2
-        sys.exit(2)
+    run_main(main)

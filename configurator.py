@@ -126,6 +126,19 @@ def print_help(scope, keys, prog):
             print(f"  {f'--{k}={v!r}':<{width}}  {comments[k]}")
 
 
+def run_main(main):
+    """The argparse scripts' entry point: their main() stops on a usage or data error with
+    sys.exit("<script>.py: error: ..."), which code calling main() in-process can catch; run as a
+    script, that message is printed as its one line and the exit status is 2."""
+    try:
+        main()
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        print(e.code, file=sys.stderr)
+        sys.exit(2)
+
+
 def configure(scope, argv=None, prog=None):
     """apply_config on a script's globals; on error print one line and exit(2)."""
     keys = {k: v for k, v in scope.items()

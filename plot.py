@@ -15,7 +15,7 @@ import math
 import os
 import sys
 
-from configurator import HelpFormatter
+from configurator import HelpFormatter, run_main
 
 
 def fail(msg):
@@ -120,10 +120,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit as e:
-        if not isinstance(e.code, str):
-            raise
-        print(e.code, file=sys.stderr)   # a usage or data error: its one line, and exit status 2
-        sys.exit(2)
+    run_main(main)

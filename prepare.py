@@ -31,7 +31,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from configurator import HelpFormatter
+from configurator import HelpFormatter, run_main
 
 # sha256 of GPT-2's vocab.bpe and encoder.json (SPEC section 7; the same tiktoken checks)
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -419,10 +419,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit as e:
-        if not isinstance(e.code, str):
-            raise
-        print(e.code, file=sys.stderr)   # a usage or data error: its one line, and exit status 2
-        sys.exit(2)
+    run_main(main)

@@ -42,6 +42,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from plot import read_log  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sweep  # noqa: E402  (its runner)
 
 OUT = "out-beyond"
 SEEDS = [1337, 42, 2024]
@@ -88,37 +90,8 @@ def command(args, variant, seed):
 
 
 def run_all(jobs, workers, iters):
-    """Run (out_dir, cmd) jobs, `workers` at a time with one thread each; skip finished ones, resume cut ones."""
-    todo = [(d, c) for d, c in jobs if not finished(d, iters)]
-    print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already finished; {len(todo)} to go", flush=True)
-    running, t0, done = [], time.time(), 0
-    while todo or running:
-        while todo and len(running) < workers:
-            out_dir, cmd = todo.pop(0)
-            os.makedirs(out_dir, exist_ok=True)
-            if os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
-                cmd = cmd + ["--init_from=resume"]     # exact resume of a run cut off by a stop
-            else:
-                cmd = cmd + ["--overwrite=True"]       # cut before its first checkpoint: start over
-            print(" ".join(cmd[1:]), flush=True)
-            out = open(os.path.join(out_dir, "train.out"), "a")
-            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-            running.append((out_dir, subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env), out))
-        time.sleep(1)
-        for item in list(running):
-            out_dir, p, out = item
-            if p.poll() is None:
-                continue
-            running.remove(item)
-            out.close()
-            done += 1
-            if p.returncode == 3:                      # train.py's stop after max_nonfinite bad iterations
-                open(os.path.join(out_dir, "diverged"), "w").close()
-            elif p.returncode != 0:
-                print(f"FAILED ({p.returncode}): {out_dir}; see {out_dir}/train.out", flush=True)
-            el, left = time.time() - t0, len(todo) + len(running)
-            print(f"[{done}/{done + left}] {out_dir}: val {final_val(out_dir, iters):.4f} | {el / 60:.1f} min, "
-                  f"about {el / done * left / 60:.0f} min left", flush=True)
+    """docs/sweep.py's runner, with this script's notion of a finished run."""
+    sweep.run_all(jobs, workers, lambda d: finished(d, iters), lambda d: final_val(d, iters))
 
 
 # --- memory and time ---------------------------------------------------------------------------------

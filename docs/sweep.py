@@ -95,9 +95,11 @@ def command(testbed, variant, lr, seed, extra_args=(), extra=""):
     return out_dir, cmd
 
 
-def run_all(jobs, workers):
-    """Run (out_dir, cmd) jobs, `workers` at a time with one thread each; skip finished ones, resume cut ones."""
-    todo = [(d, c) for d, c in jobs if not finished(d)]
+def run_all(jobs, workers, is_finished=None, val_of=None):
+    """Run (out_dir, cmd) jobs, `workers` at a time with one thread each; skip finished ones, resume cut ones.
+    is_finished(out_dir) and val_of(out_dir) default to this script's (docs/beyond_paper.py passes its own)."""
+    is_finished, val_of = is_finished or finished, val_of or final_val
+    todo = [(d, c) for d, c in jobs if not is_finished(d)]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already finished; {len(todo)} to go", flush=True)
     running, t0, done = [], time.time(), 0
     while todo or running:
@@ -126,7 +128,7 @@ def run_all(jobs, workers):
                 print(f"FAILED ({p.returncode}): {out_dir}; see {out_dir}/train.out", flush=True)
             el = time.time() - t0
             left = len(todo) + len(running)
-            print(f"[{done}/{done + left}] {out_dir}: val {final_val(out_dir):.4f} | {el / 60:.1f} min, "
+            print(f"[{done}/{done + left}] {out_dir}: val {val_of(out_dir):.4f} | {el / 60:.1f} min, "
                   f"about {el / done * left / 60:.0f} min left", flush=True)
 
 
