@@ -37,7 +37,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from configurator import DTYPES, HelpFormatter, auto_device, run_main
+from configurator import DTYPES, HelpFormatter, auto_device, precision_context, run_main
 from model import ModelConfig, build_model, fast_attn_schedule
 
 V = 50257
@@ -199,6 +199,78 @@ def device_peak_tflops(device, dtype):
     return measure_peak_tflops(device, dtype, None if device.startswith("cuda") else 1024)  # CPU: ~0.1 s
 
 
+def measure_inference(model, cfg, p, device, dtype, g, compile_forward):
+    """Latency, generation (recompute and cached), the matvec floor under cached decoding, the KV cache."""
+    out = {}
+    model = model.to(dtype).eval()  # bf16 weights for inference, as the paper's memory figures imply
+    x = torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g).to(device)
+    prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
+    # the floor under cached decoding: one token's weight matrix-vector products, nothing else
+    ws = decode_weights(model, prompt)
+    xs = {n: torch.randn(1, n, generator=g).to(device=device, dtype=dtype) for n in {w.size(1) for w in ws}}
+    with torch.no_grad():
+        floor = timed(lambda: [F.linear(xs[w.size(1)], w) for w in ws], device, 20)
+    if compile_forward:  # every forward below compiled, recompute and cached alike; warm-ups compile
+        model.forward = torch.compile(model.forward, dynamic=True)
+    with torch.no_grad():
+        out["latency_ms"] = timed(lambda: model(x), device, p["reps"]) * 1000
+    if device.startswith("cuda"):
+        out["peak_mem_mb"] = peak_mb(device)
+    for use_cache, key in ((False, "gen_tok_s_recompute"), (True, "gen_tok_s_cached")):
+        def gen(n=GEN):
+            return model.generate(prompt, n, temperature=0, use_cache=use_cache)
+        out[key] = GEN / timed(gen, device, p["gen_reps"], warmup=lambda: gen(8))
+    out["gen_speedup"] = out["gen_tok_s_cached"] / out["gen_tok_s_recompute"]
+    out["decode_matvec_ms"] = floor * 1000
+    out["decode_weight_mb"] = sum(w.numel() * w.element_size() for w in ws) / 2**20
+    out["gen_speedup_bound"] = (1 / out["gen_tok_s_recompute"]) / floor
+    before = current_mb(device) if device.startswith("cuda") else None
+    cache = model.new_cache(1, max_len=PROMPT + GEN, dtype=dtype)
+    measured = cache.nbytes() if before is None else (current_mb(device) - before) * 2**20
+    out["kv_cache_mb"] = measured / 2**20
+    out["kv_cache_formula_mb"] = model.kv_cache_bytes(PROMPT + GEN, dtype=dtype) / 2**20
+    return out
+
+
+def measure_memory(model, cfg, p, device, dtype, g):
+    """Peak resident memory of one forward on the CPU (run in a fresh process whose allocator returns
+    freed tensors to the OS: see run_worker)."""
+    with torch.no_grad():
+        model.to(dtype).eval()(torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g))
+    return {"peak_mem_mb": peak_mb(device)}
+
+
+def measure_training(model, cfg, p, device, dtype, g, batch, clean_memory):
+    """One forward + backward with the model's K (no optimiser step): time, memory, counted FLOPs."""
+    out = {}
+    model.train()
+    B, n = batch, p["seq"]
+    x = torch.randint(0, cfg.vocab_size, (B, n), generator=g).to(device)
+    y = torch.randint(0, cfg.vocab_size, (B, n), generator=g).to(device)
+    ctx = precision_context("cuda" if device.startswith("cuda") else "cpu",   # the run's own device
+                            next(k for k, v in DTYPES.items() if v == dtype))
+
+    def step():
+        with ctx:
+            _, loss = model(x, y)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+    step()  # warm-up: allocates the gradients once
+    sync(device)
+    reset_peak(device)
+    base = current_mb(device)
+    dt = timed(step, device, p["train_reps"])
+    out["train_ms_iter"] = dt * 1000
+    out["train_tok_s"] = B * n / dt
+    if device.startswith("cuda") or clean_memory:  # a timing process's RSS on the CPU is not a clean measure
+        out["train_peak_mem_mb"] = peak_mb(device)
+        out["train_iter_mem_mb"] = peak_mb(device) - base  # what the iteration itself added at its peak
+    out["train_flops"] = counted_train_flops(cfg, B, n)    # MFU: what really ran
+    out["train_flops_paper"] = train_flops(cfg, B, n)     # the paper's S(M+2K)C model, for comparison
+    out["train_achieved_tflops"] = out["train_flops"] / dt / 1e12
+    return out
+
+
 def worker(phase, spec):
     """One phase for one model in this (fresh) process; returns a dict of measurements."""
     device, preset = spec["device"], spec["preset"]
@@ -211,66 +283,12 @@ def worker(phase, spec):
     g = torch.Generator().manual_seed(0)
     reset_peak(device)  # the peaks below are this model's: not those of importing torch or building it
     if phase == "infer":
-        model = model.to(dtype).eval()  # bf16 weights for inference, as the paper's memory figures imply
-        x = torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g).to(device)
-        prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
-        # the floor under cached decoding: one token's weight matrix-vector products, nothing else
-        ws = decode_weights(model, prompt)
-        xs = {n: torch.randn(1, n, generator=g).to(device=device, dtype=dtype) for n in {w.size(1) for w in ws}}
-        with torch.no_grad():
-            floor = timed(lambda: [F.linear(xs[w.size(1)], w) for w in ws], device, 20)
-        if spec.get("compile"):  # every forward below compiled, recompute and cached alike; warm-ups compile
-            model.forward = torch.compile(model.forward, dynamic=True)
-        with torch.no_grad():
-            out["latency_ms"] = timed(lambda: model(x), device, p["reps"]) * 1000
-        if device.startswith("cuda"):
-            out["peak_mem_mb"] = peak_mb(device)
-        for use_cache, key in ((False, "gen_tok_s_recompute"), (True, "gen_tok_s_cached")):
-            def gen(n=GEN):
-                return model.generate(prompt, n, temperature=0, use_cache=use_cache)
-            out[key] = GEN / timed(gen, device, p["gen_reps"], warmup=lambda: gen(8))
-        out["gen_speedup"] = out["gen_tok_s_cached"] / out["gen_tok_s_recompute"]
-        out["decode_matvec_ms"] = floor * 1000
-        out["decode_weight_mb"] = sum(w.numel() * w.element_size() for w in ws) / 2**20
-        out["gen_speedup_bound"] = (1 / out["gen_tok_s_recompute"]) / floor
-        before = current_mb(device) if device.startswith("cuda") else None
-        cache = model.new_cache(1, max_len=PROMPT + GEN, dtype=dtype)
-        measured = cache.nbytes() if before is None else (current_mb(device) - before) * 2**20
-        formula = model.kv_cache_bytes(PROMPT + GEN, dtype=dtype)
-        out["kv_cache_mb"] = measured / 2**20
-        out["kv_cache_formula_mb"] = formula / 2**20
+        out.update(measure_inference(model, cfg, p, device, dtype, g, spec.get("compile")))
     elif phase == "mem":
-        # peak resident memory on the CPU: a fresh process whose allocator returns freed tensors to the OS
-        with torch.no_grad():
-            model.to(dtype).eval()(torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g))
-        out["peak_mem_mb"] = peak_mb(device)
+        out.update(measure_memory(model, cfg, p, device, dtype, g))
     else:
-        model.train()
-        B, n = spec.get("train_batch", p["train_batch"]), p["seq"]
-        x = torch.randint(0, cfg.vocab_size, (B, n), generator=g).to(device)
-        y = torch.randint(0, cfg.vocab_size, (B, n), generator=g).to(device)
-        dev_type = "cuda" if device.startswith("cuda") else "cpu"   # the run's own device, not always cuda
-        ctx = torch.autocast(device_type=dev_type, dtype=dtype) if dtype != torch.float32 else torch.enable_grad()
-
-        def step():
-            with ctx:
-                _, loss = model(x, y)
-            loss.backward()
-            model.zero_grad(set_to_none=True)
-        step()  # warm-up: allocates the gradients once
-        sync(device)
-        reset_peak(device)
-        base = current_mb(device)
-        dt = timed(step, device, p["train_reps"])
-        out["train_ms_iter"] = dt * 1000
-        out["train_tok_s"] = B * n / dt
-        out["train_peak_mem_mb"] = peak_mb(device)
-        out["train_iter_mem_mb"] = peak_mb(device) - base  # what the iteration itself added at its peak
-        if not device.startswith("cuda") and not spec.get("mem_env"):
-            del out["train_peak_mem_mb"], out["train_iter_mem_mb"]  # the timing run's RSS is not a clean measure
-        out["train_flops"] = counted_train_flops(cfg, B, n)    # MFU: what really ran
-        out["train_flops_paper"] = train_flops(cfg, B, n)     # the paper's S(M+2K)C model, for comparison
-        out["train_achieved_tflops"] = out["train_flops"] / dt / 1e12
+        out.update(measure_training(model, cfg, p, device, dtype, g, spec.get("train_batch", p["train_batch"]),
+                                    spec.get("mem_env")))
     return out
 
 

@@ -1,24 +1,7 @@
 # Ablation N=2 (M=6, K=1), paper val CE 4.257
-# Table "Ablation": base N=4, T=3, S=1, K=2, lr 1.5e-4, warmup 1000, 10k steps
+# Table "Ablation" N row; everything else is the base (N=4, T=3, S=1, K=2, d=4096, lr 1.5e-4,
+# warmup 1000, 10k steps), which is train.py's defaults.
 # torchrun --standalone --nproc_per_node=6 train.py config/ablation_n2.py
 out_dir = "out-ablation_n2"
-dataset = "openwebtext"
-block_size = 1024
-batch_size = 12                   # per GPU, as in the paper
-gradient_accumulation_steps = 6   # global micro-batches: 6 GPUs x 1 (use 6 on one GPU too)
-eval_interval = 500
-eval_iters = 200
-log_interval = 10
-n_embd = 4096
-n_head = 16
-arch = "hrm"
 N = 2
-T = 3
-K = 1                             # gradient window: K/M = 1/6
-S = 1
-learning_rate = 0.00015
-min_lr = 1.5e-05            # lr / 10
-warmup_iters = 1000
-max_iters = 10000
-lr_decay_iters = 10000
-grad_clip = 1.0                   # recurrent archs clip at grad_clip * K / M
+K = 1                             # K scaled with N: K/M = 1/6

@@ -1,22 +1,15 @@
 # A UniTF (one block, M = 4 steps, HRM's N*T) on the character-level Shakespeare testbed, sized so the blocks, not the embedding, hold the
 # parameters (1.05M of 1.07M): widened to d=256 to match HRM's stored parameters, as the paper widens its UniTF (docs/RESULTS.md, docs/sweep.py).
+# K = 2 (the default): the same gradient window as HRM, the last 2 of M = 4 steps.
 # python prepare.py --dataset=shakespeare_char && python train.py config/char_unitf.py
+# config/char_testbed.py (the character-level testbed) first, then what this run changes
+import builtins
+from inspect import currentframe
+from pathlib import Path
+_base = Path(currentframe().f_code.co_filename).with_name("char_testbed.py")
+exec(builtins.compile(_base.read_text(), _base, "exec"))  # builtins.: here `compile` is a train.py setting
 out_dir = "out-char-unitf"
-dataset = "shakespeare_char"  # vocab_size comes from its meta.json (80 characters)
 arch = "unitf"
-M = 4
 n_embd = 256
-n_head = 8                # head_dim 32, as in the HRM and Transformer configs
-K = 2                    # the same gradient window as HRM: the last 2 of M = 4 steps
-block_size = 128
-batch_size = 8
-max_iters = 400
-eval_interval = 100
-eval_iters = 20
-log_interval = 50
-learning_rate = 3e-3
-min_lr = 3e-4            # learning_rate / 10, as in every config here
-warmup_iters = 40
-lr_decay_iters = 400
-device = "cpu"
-dtype = "float32"
+n_head = 8               # head_dim 32, as in the HRM and Transformer configs
+M = 4

@@ -10,26 +10,12 @@
 # The "without the memory cost of full BPTT" the paper expects comes from grad_ckpt (14 MB), which gives
 # full BPTT at the same memory too: what chunking then changes is the objective (a loss every C steps,
 # no gradient across chunks), not the memory.
+# lr 1.5e-4 (the default) as config/m48_hrm_n12_t4.py (assumed there; the paper suggests lr / S for S > 1).
 # torchrun --standalone --nproc_per_node=6 train.py config/chunked_bptt_example.py
 out_dir = "out-chunked_bptt_m48_c12"
-dataset = "openwebtext"
-block_size = 1024
-batch_size = 12                   # per GPU, as in the paper
-gradient_accumulation_steps = 6   # global micro-batches: 6 GPUs x 1 (use 6 on one GPU too)
-eval_interval = 500
-eval_iters = 200
-log_interval = 10
-n_embd = 4096
-n_head = 16
-arch = "hrm"
 N = 3                             # Slow firings per chunk
 T = 4
 K = 12                            # = C: every step of a chunk carries gradient
 S = 4                             # = M / C chunks, detached from each other, a loss each
 grad_ckpt = True                  # steps recomputed in backward: only the states between steps are kept
-learning_rate = 0.00015  # as config/m48_hrm_n12_t4.py (assumed there; the paper suggests lr / S for S > 1)
-min_lr = 1.5e-05            # lr / 10
 warmup_iters = 4800               # max(1000, M*100) for the M = 48 steps of a sequence (SPEC section 6)
-max_iters = 10000
-lr_decay_iters = 10000
-grad_clip = 1.0                   # recurrent archs clip at grad_clip * K / M (here K = M per pass)

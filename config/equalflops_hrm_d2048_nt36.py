@@ -1,25 +1,11 @@
 # EqualFLOPs: HRM d=2048, N x T = 36, 359M, paper val CE 4.364
-# Table "EqualFLOPs"; HRM lr 5e-5 / warmup 1000 per the LongTrain caption; K/M = 2/36 as in section LongTrain
+# Table "EqualFLOPs" row d=2048. Section LongTrain: the LongTrain run is this one but for warmup (2000 there,
+# 1000 here), and its peak lr is 2.36e-5 (= 1e-4*sqrt(K/M), "2.36e-5 x (500/2000)"); so lr 2.36e-5, not the
+# 5e-5 the LongTrain caption gives for NT=12. K/M = 2/36 as in section LongTrain.
+# Inferred: N=12, T=3 (the paper gives only N x T = 36; T=3 is its base).
 # torchrun --standalone --nproc_per_node=6 train.py config/equalflops_hrm_d2048_nt36.py
 out_dir = "out-equalflops_hrm_d2048_nt36"
-dataset = "openwebtext"
-block_size = 1024
-batch_size = 12                   # per GPU, as in the paper
-gradient_accumulation_steps = 6   # global micro-batches: 6 GPUs x 1 (use 6 on one GPU too)
-eval_interval = 500
-eval_iters = 200
-log_interval = 10
 n_embd = 2048
-n_head = 16
-arch = "hrm"
-N = 12
-T = 3
-K = 2                             # gradient window: K/M = 2/36
-S = 1
-learning_rate = 5e-05
-min_lr = 5e-06            # lr / 10
-warmup_iters = 1000
-max_iters = 10000
-lr_decay_iters = 10000
-grad_clip = 1.0                   # recurrent archs clip at grad_clip * K / M
-# N=12, T=3 assumed (the paper gives only N x T = 36; T=3 is its base)
+N = 12                            # T = 3 (the default): gradient window K/M = 2/36
+learning_rate = 2.36e-05
+min_lr = 2.36e-06

@@ -1,24 +1,6 @@
 # EqualFLOPs: HRM d=4096, N x T = 12 (N=4, T=3), 1229M, paper val CE 4.233
-# Table "EqualFLOPs"; HRM lr 5e-5 / warmup 1000 per the LongTrain caption
+# Table "EqualFLOPs" row d=4096; lr 5e-5 / warmup 1000 from the LongTrain caption ("the EqualFLOPs/3 LR schedule").
 # torchrun --standalone --nproc_per_node=6 train.py config/equalflops_hrm_d4096_nt12.py
 out_dir = "out-equalflops_hrm_d4096_nt12"
-dataset = "openwebtext"
-block_size = 1024
-batch_size = 12                   # per GPU, as in the paper
-gradient_accumulation_steps = 6   # global micro-batches: 6 GPUs x 1 (use 6 on one GPU too)
-eval_interval = 500
-eval_iters = 200
-log_interval = 10
-n_embd = 4096
-n_head = 16
-arch = "hrm"
-N = 4
-T = 3
-K = 2                             # gradient window: K/M = 2/12
-S = 1
 learning_rate = 5e-05
-min_lr = 5e-06            # lr / 10
-warmup_iters = 1000
-max_iters = 10000
-lr_decay_iters = 10000
-grad_clip = 1.0                   # recurrent archs clip at grad_clip * K / M
+min_lr = 5e-06

@@ -1,25 +1,9 @@
 # EqualFLOPs: HRM d=5120, N x T = 9 (N=3, T=3), 1857M, paper val CE 4.165
-# Table "EqualFLOPs"; HRM lr 5e-5 / warmup 1000 per the LongTrain caption
+# Table "EqualFLOPs" row d=5120. Inferred: lr 5e-5 / warmup 1000 as the d=4096 row (LongTrain caption);
+# N=3, T=3 (the paper gives only N x T = 9).
 # torchrun --standalone --nproc_per_node=6 train.py config/equalflops_hrm_d5120_nt9.py
 out_dir = "out-equalflops_hrm_d5120_nt9"
-dataset = "openwebtext"
-block_size = 1024
-batch_size = 12                   # per GPU, as in the paper
-gradient_accumulation_steps = 6   # global micro-batches: 6 GPUs x 1 (use 6 on one GPU too)
-eval_interval = 500
-eval_iters = 200
-log_interval = 10
 n_embd = 5120
-n_head = 16
-arch = "hrm"
-N = 3
-T = 3
-K = 2                             # gradient window: K/M = 2/9
-S = 1
+N = 3                             # T = 3 (the default): gradient window K/M = 2/9
 learning_rate = 5e-05
-min_lr = 5e-06            # lr / 10
-warmup_iters = 1000
-max_iters = 10000
-lr_decay_iters = 10000
-grad_clip = 1.0                   # recurrent archs clip at grad_clip * K / M
-# N=3, T=3 assumed (the paper gives only N x T = 9)
+min_lr = 5e-06

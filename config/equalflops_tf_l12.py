@@ -1,21 +1,9 @@
 # EqualFLOPs: Transformer L=12, 3427M, paper val CE 5.396 (partial convergence)
-# section EqualFLOPs: lr 5e-5, warmup 1000, max_norm 0.3
+# Table "EqualFLOPs" row T-L12; section EqualFLOPs: lr 5e-5, warmup 1000, max_norm 0.3.
 # torchrun --standalone --nproc_per_node=6 train.py config/equalflops_tf_l12.py
 out_dir = "out-equalflops_tf_l12"
-dataset = "openwebtext"
-block_size = 1024
-batch_size = 12                   # per GPU, as in the paper
-gradient_accumulation_steps = 6   # global micro-batches: 6 GPUs x 1 (use 6 on one GPU too)
-eval_interval = 500
-eval_iters = 200
-log_interval = 10
-n_embd = 4096
-n_head = 16
 arch = "transformer"
 n_layer = 12
 learning_rate = 5e-05
-min_lr = 5e-06            # lr / 10
-warmup_iters = 1000
-max_iters = 10000
-lr_decay_iters = 10000
+min_lr = 5e-06
 grad_clip = 0.3

@@ -1,21 +1,10 @@
 # EqualParam: Transformer L=2, 743M, paper val CE 4.509
-# Table "EqualParam"
+# Table "EqualParam" row T-L2. Inferred (the paper gives no lr for it): the schedule of the other EqualParam
+# Transformer, T-L4, whose curve is HPSearch's lr 2e-4 / warmup 500 (see config/equalparam_tf_l4.py).
 # torchrun --standalone --nproc_per_node=6 train.py config/equalparam_tf_l2.py
 out_dir = "out-equalparam_tf_l2"
-dataset = "openwebtext"
-block_size = 1024
-batch_size = 12                   # per GPU, as in the paper
-gradient_accumulation_steps = 6   # global micro-batches: 6 GPUs x 1 (use 6 on one GPU too)
-eval_interval = 500
-eval_iters = 200
-log_interval = 10
-n_embd = 4096
-n_head = 16
 arch = "transformer"
 n_layer = 2
-learning_rate = 0.0001  # assumed: the paper's fixed T-L4 setting of section MultiSeed; warmup assumed
-min_lr = 1e-05            # lr / 10
-warmup_iters = 1000
-max_iters = 10000
-lr_decay_iters = 10000
-grad_clip = 1.0
+learning_rate = 0.0002
+min_lr = 2e-05
+warmup_iters = 500

@@ -1,23 +1,10 @@
 # LongTrain: Universal Transformer M=12, d=4096, 474M, 20k steps, paper val CE 6.614
-# Table "LongTrain"
+# Table "LongTrain" row UniTF; K=2 from section LongTrain ("K-window TBPTT fix (K=2, M=12)").
+# Inferred: lr 5e-5 / warmup 1000 (the paper gives none for this run; the LongTrain HRM schedule).
 # torchrun --standalone --nproc_per_node=6 train.py config/longtrain_unitf_m12.py
 out_dir = "out-longtrain_unitf_m12"
-dataset = "openwebtext"
-block_size = 1024
-batch_size = 12                   # per GPU, as in the paper
-gradient_accumulation_steps = 6   # global micro-batches: 6 GPUs x 1 (use 6 on one GPU too)
-eval_interval = 500
-eval_iters = 200
-log_interval = 10
-n_embd = 4096
-n_head = 16
 arch = "unitf"
-M = 12
-K = 2
-unitf_init_c = 2.0              # init std 0.02/sqrt(c*M*d/4096)
-learning_rate = 5e-05  # assumed: the paper gives no lr for this run
-min_lr = 5e-06            # lr / 10
-warmup_iters = 1000
+M = 12                            # gradient window: K/M = 2/12
+learning_rate = 5e-05
+min_lr = 5e-06
 max_iters = 20000
-lr_decay_iters = 20000
-grad_clip = 1.0                   # recurrent archs clip at grad_clip * K / M

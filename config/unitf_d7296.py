@@ -2,22 +2,9 @@
 # appendix "UniTF d=7296 run log": lr 4e-5, warmup 2000
 # torchrun --standalone --nproc_per_node=6 train.py config/unitf_d7296.py
 out_dir = "out-unitf_d7296"
-dataset = "openwebtext"
-block_size = 1024
-batch_size = 12                   # per GPU, as in the paper
-gradient_accumulation_steps = 6   # global micro-batches: 6 GPUs x 1 (use 6 on one GPU too)
-eval_interval = 500
-eval_iters = 200
-log_interval = 10
-n_embd = 7296
-n_head = 16
 arch = "unitf"
-M = 12
-K = 2
-unitf_init_c = 2.0              # init std 0.02/sqrt(c*M*d/4096)
+n_embd = 7296
+M = 12                            # gradient window: K/M = 2/12
 learning_rate = 4e-05
-min_lr = 4e-06            # lr / 10
+min_lr = 4e-06
 warmup_iters = 2000
-max_iters = 10000
-lr_decay_iters = 10000
-grad_clip = 1.0                   # recurrent archs clip at grad_clip * K / M

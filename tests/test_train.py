@@ -247,3 +247,27 @@ def test_help_lists_every_setting_with_its_default(script):
         assert opts
         for o in opts:
             assert re.search(rf"{o}.*?\(default: ", p.stdout, flags=re.S), o
+
+
+def test_configs_set_only_what_differs():
+    """config/ says only what each experiment changes: train.py's defaults are the paper's OpenWebText
+    setup, so no assignment in a config file may repeat train.py's default for its key (issue 13)."""
+    defaults = train_defaults()
+    same = []
+    for path in CONFIGS:
+        for node in ast.parse(open(path).read()).body:
+            if not isinstance(node, ast.Assign):
+                continue
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:  # not a literal (a config may compute a value): not compared
+                continue
+            for target in node.targets:
+                if not isinstance(target, ast.Name) or target.id not in defaults:
+                    continue
+                default = defaults[target.id]
+                if target.id == "M" and value == 0:  # M = 0 is an old spelling of None
+                    value = None
+                if value == default and isinstance(value, bool) == isinstance(default, bool):
+                    same.append(f"{os.path.basename(path)}:{node.lineno}: {target.id} = {value!r} is train.py's default")
+    assert not same, "\n".join(same)
