@@ -59,6 +59,14 @@ def _run_config_file(path, config):
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file {path!r}: {type(e).__name__}: {e}") from None
     scope = dict(config)   # one dict as globals: helpers defined in the file can see its other names
+
+    def include(name):
+        """include("char_testbed.py"): run a config file from this one's folder here, so that settings
+        shared by several configs are written once."""
+        other = os.path.join(os.path.dirname(path), name)
+        with open(other, encoding="utf-8") as f:
+            exec(compile(f.read(), other, "exec"), scope)
+    scope["include"] = include
     try:
         exec(compile(source, path, "exec"), scope)
     except SyntaxError as e:

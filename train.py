@@ -31,22 +31,25 @@ from model import MODEL_FIELDS, ModelConfig, build_model, load_checkpoint
 from prepare import check_dataset
 
 # -----------------------------------------------------------------------------
+# Defaults: the paper's OpenWebText setup (section "Setup"; Table "Ablation" base: HRM d=4096,
+# N=4, T=3, K=2, S=1, lr 1.5e-4, warmup 1000, 10k iterations; 12 x 1024 tokens per GPU on 6 GPUs, bf16),
+# as nanoGPT's defaults are its GPT-2 run: each config/ file sets only what its experiment changes.
 # I/O
 out_dir = "out"              # checkpoints and log.jsonl go here
 eval_interval = 500          # evaluate (and checkpoint) every this many iterations
 log_interval = 10            # print a progress line every this many iterations
-eval_iters = 50              # batches per split in an evaluation
+eval_iters = 200             # batches per split in an evaluation
 eval_only = False            # evaluate once and exit
 always_save_checkpoint = False  # save ckpt.pt at every eval, not only when val improves
 init_from = "scratch"        # "scratch" or "resume" (from out_dir/ckpt_last.pt)
 overwrite = False            # a new run in an out_dir that holds one replaces its log and checkpoints
 max_nonfinite = 10           # stop after this many non-finite iterations in a row
 # data
-dataset = "shakespeare"      # data/<dataset>/{train,val}.bin from prepare.py
+dataset = "openwebtext"      # data/<dataset>/{train,val}.bin from prepare.py (the paper's corpus)
 data_dir = "data"            # where prepare.py wrote the datasets
-gradient_accumulation_steps = 1  # global micro-batches per iteration (divisible by the world size)
-batch_size = 12              # sequences per micro-batch
-block_size = 1024            # tokens per sequence
+gradient_accumulation_steps = 6  # global micro-batches per iteration (divisible by the world size): the paper's 6 GPUs x 1
+batch_size = 12              # sequences per micro-batch (the paper: 12 per GPU)
+block_size = 1024            # tokens per sequence (the paper's 1,024)
 # model (ModelConfig fields; see model.py)
 arch = "hrm"                 # "hrm" | "transformer" | "unitf"
 vocab_size = 0               # 0 = from data/<dataset>/meta.json (50257, GPT-2 BPE, where there is none)
@@ -66,15 +69,15 @@ K_slow = 0                   # hrm: the last K_slow Slow firings also carry grad
 grad_ckpt = False            # hrm/unitf: recompute the steps with gradient in backward (same gradients, flat memory)
 fast_attn_steps = None       # hrm: Fast steps that attend (None = all M, the paper; 0 = position-wise, RNN-style)
 # optimiser: AdamW, betas (0.9, 0.95), weight decay on matrices only (SPEC section 6)
-learning_rate = 1.5e-4       # peak learning rate
-min_lr = 1.5e-5              # cosine floor
-max_iters = 10000            # total iterations
+learning_rate = 1.5e-4       # peak learning rate (the paper's Ablation base)
+min_lr = 1.5e-5              # cosine floor (learning_rate / 10; a config that changes learning_rate sets it too)
+max_iters = 10000            # total iterations (the paper's 10k)
 weight_decay = 0.1           # on 2-D parameters
 beta1 = 0.9                  # AdamW first-moment decay
 beta2 = 0.95                 # AdamW second-moment decay
 grad_clip = 1.0              # clip norm; HRM/UniTF use grad_clip * K / M (0 = off)
 decay_lr = True              # linear warmup then cosine; False = constant
-warmup_iters = 1000          # linear warmup
+warmup_iters = 1000          # linear warmup (HRM: max(1000, N*T*100), SPEC section 6)
 lr_decay_iters = 0           # cosine reaches min_lr here (0 = max_iters)
 # system
 device = "auto"              # "auto" (cuda if present, else cpu), "cpu", "cuda", "cuda:1", ...

@@ -4,10 +4,6 @@
 # the Slow module adds; beside config/char_unitf.py, what re-injection and gating add.
 # python prepare.py --dataset=shakespeare_char && python train.py config/char_hrm_fast_only.py
 # config/char_hrm.py (N=2, T=2, K=2: the last 2 of M = 4 steps carry gradient) first, then what this run changes
-import builtins
-from inspect import currentframe
-from pathlib import Path
-_base = Path(currentframe().f_code.co_filename).with_name("char_hrm.py")
-exec(builtins.compile(_base.read_text(), _base, "exec"))  # builtins.: here `compile` is a train.py setting
+include("char_hrm.py")
 out_dir = "out-char-hrm-fast-only"
 fast_only = True         # 0.67M parameters: HRM minus H_net's 0.34M

@@ -3,11 +3,7 @@
 # K = 2 (the default): the same gradient window as HRM, the last 2 of M = 4 steps.
 # python prepare.py --dataset=shakespeare_char && python train.py config/char_unitf.py
 # config/char_testbed.py (the character-level testbed) first, then what this run changes
-import builtins
-from inspect import currentframe
-from pathlib import Path
-_base = Path(currentframe().f_code.co_filename).with_name("char_testbed.py")
-exec(builtins.compile(_base.read_text(), _base, "exec"))  # builtins.: here `compile` is a train.py setting
+include("char_testbed.py")
 out_dir = "out-char-unitf"
 arch = "unitf"
 n_embd = 256

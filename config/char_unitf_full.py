@@ -3,10 +3,6 @@
 # output head, while HRM re-feeds x~ to every step; K = M removes that difference.
 # python prepare.py --dataset=shakespeare_char && python train.py config/char_unitf_full.py
 # config/char_unitf.py (d=256, M=4) first, then what this run changes
-import builtins
-from inspect import currentframe
-from pathlib import Path
-_base = Path(currentframe().f_code.co_filename).with_name("char_unitf.py")
-exec(builtins.compile(_base.read_text(), _base, "exec"))  # builtins.: here `compile` is a train.py setting
+include("char_unitf.py")
 out_dir = "out-char-unitf-full"
 K = 4                    # = M: every step carries gradient (clipping at grad_clip * K / M = 1.0)

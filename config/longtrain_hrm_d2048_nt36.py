@@ -4,11 +4,7 @@
 # the paper blames warmup=2000 for the failure; --warmup_iters=1000 is its suggested re-run
 # torchrun --standalone --nproc_per_node=6 train.py config/longtrain_hrm_d2048_nt36.py
 # config/equalflops_hrm_d2048_nt36.py (d=2048, N=12, T=3, lr 2.36e-5) first, then what this run changes
-import builtins
-from inspect import currentframe
-from pathlib import Path
-_base = Path(currentframe().f_code.co_filename).with_name("equalflops_hrm_d2048_nt36.py")
-exec(builtins.compile(_base.read_text(), _base, "exec"))  # builtins.: here `compile` is a train.py setting
+include("equalflops_hrm_d2048_nt36.py")
 out_dir = "out-longtrain_hrm_d2048_nt36"
 warmup_iters = 2000
 max_iters = 20000

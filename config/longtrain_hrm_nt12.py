@@ -3,10 +3,6 @@
 # the EqualFLOPs run (config/equalflops_hrm_d4096_nt12.py) continued to 20k steps.
 # torchrun --standalone --nproc_per_node=6 train.py config/longtrain_hrm_nt12.py
 # config/equalflops_hrm_d4096_nt12.py (lr 5e-5, warmup 1000) first, then what this run changes
-import builtins
-from inspect import currentframe
-from pathlib import Path
-_base = Path(currentframe().f_code.co_filename).with_name("equalflops_hrm_d4096_nt12.py")
-exec(builtins.compile(_base.read_text(), _base, "exec"))  # builtins.: here `compile` is a train.py setting
+include("equalflops_hrm_d4096_nt12.py")
 out_dir = "out-longtrain_hrm_nt12"
 max_iters = 20000

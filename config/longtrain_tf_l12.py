@@ -3,10 +3,6 @@
 # 10k) to 4.929 (20k)", the EqualFLOPs run (lr 5e-5, warmup 1000, max_norm 0.3) continued to 20k steps.
 # torchrun --standalone --nproc_per_node=6 train.py config/longtrain_tf_l12.py
 # config/equalflops_tf_l12.py (lr 5e-5, max_norm 0.3) first, then what this run changes
-import builtins
-from inspect import currentframe
-from pathlib import Path
-_base = Path(currentframe().f_code.co_filename).with_name("equalflops_tf_l12.py")
-exec(builtins.compile(_base.read_text(), _base, "exec"))  # builtins.: here `compile` is a train.py setting
+include("equalflops_tf_l12.py")
 out_dir = "out-longtrain_tf_l12"
 max_iters = 20000

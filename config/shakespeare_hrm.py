@@ -2,11 +2,7 @@
 # K = 2 (the default): HRM clips at grad_clip * K / M = 0.5.
 # python prepare.py && python train.py config/shakespeare_hrm.py
 # config/shakespeare_testbed.py (the BPE testbed) first, then what this run changes
-import builtins
-from inspect import currentframe
-from pathlib import Path
-_base = Path(currentframe().f_code.co_filename).with_name("shakespeare_testbed.py")
-exec(builtins.compile(_base.read_text(), _base, "exec"))  # builtins.: here `compile` is a train.py setting
+include("shakespeare_testbed.py")
 out_dir = "out-shakespeare-hrm"
 N = 2
 T = 2

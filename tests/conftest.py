@@ -9,8 +9,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 # A model small enough that a training iteration takes milliseconds on a 2-core CPU.
-TINY = ["--device=cpu", "--dtype=float32", "--n_embd=32", "--n_head=4", "--block_size=32", "--batch_size=4",
-        "--eval_iters=4", "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3", "--min_lr=3e-4"]
+TINY = [
+        "--device=cpu", "--dtype=float32", "--dataset=shakespeare", "--gradient_accumulation_steps=1",
+        "--n_embd=32", "--n_head=4", "--block_size=32", "--batch_size=4", "--eval_iters=4", "--log_interval=1",
+        "--warmup_iters=2", "--learning_rate=3e-3", "--min_lr=3e-4"]
 
 
 @pytest.fixture(scope="session")
