@@ -148,13 +148,7 @@ def logged_ms_iter(out_dir):
 
 # --- table and plot ------------------------------------------------------------------------------------
 
-def mean_sd(vals):
-    vals = [v for v in vals if math.isfinite(v)]
-    if not vals:
-        return math.inf, 0.0, 0
-    m = sum(vals) / len(vals)
-    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-    return m, sd, len(vals)
+mean_sd = sweep.mean_sd   # mean, sample sd and count of the finite values
 
 
 def tables(args, plots=True):
