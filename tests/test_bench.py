@@ -36,6 +36,7 @@ def test_full_backprop_at_flat_memory_with_grad_ckpt():
     assert iter_mem(24, 2, 48) > 4 * k2   # the same run without checkpoints: the test sees the growth
 
 
+@pytest.mark.slow   # minutes on 2 cores; CI keeps the M=48 and grad_ckpt memory tests
 def test_K_slow_memory_grows_with_firings_not_M():
     """K_slow = 24 firings keeps 24 Slow-firing activations (plus the K Fast steps); with grad_ckpt only states."""
     k2, ks = iter_mem(24, 2, 2), iter_mem(24, 2, 2, K_slow=24)
@@ -53,6 +54,7 @@ def test_flop_model_options():
     assert train_flops(model_config("hrm_nt12_hybrid4", "paper"), 1, 1024) == 4 * C + 8 * pw + 2 * (C + pw)
 
 
+@pytest.mark.slow   # minutes on 2 cores; CI keeps the M=48 and grad_ckpt memory tests
 def test_bench_beyond_rows(tmp_path):
     """Two rows of --models=beyond at the tiny preset: KV cache of the attending applications only."""
     out = tmp_path / "b.json"

@@ -274,7 +274,7 @@ def test_bad_out_dir_is_found_before_work(where, data_dir, tmp_path):
 
 # --- SIGINT and SIGTERM save, and the resumed run matches an uninterrupted one bit for bit ------------------
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_signal_saves_and_resume_is_exact(sig, data_dir, tmp_path):
     ref, out = str(tmp_path / "ref"), str(tmp_path / "run")
     args = HRM + ["--max_iters=60", "--eval_interval=20", "--log_interval=1"]
