@@ -344,7 +344,13 @@ def check_device(device):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--plan" in argv:   # the memory plan lives in plan.py; bench.py --plan is its other name
+        import plan
+        return plan.main([a for a in argv if a != "--plan"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--plan", action="store_true", help="python bench.py --plan config/X.py ... = python plan.py "
+                    "config/X.py ...: will a config fit on a GPU (per-GPU memory of one training iteration)")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="sizes: tiny (tests), cpu (this machine), paper (a GPU)")
     ap.add_argument("--models", default=",".join(PAPER), help="comma-separated subset of " + ",".join(ROWS) +
                     "; beyond = " + ",".join(BEYOND))

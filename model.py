@@ -594,6 +594,14 @@ def build_model(config):
     return {"hrm": HRM, "transformer": Transformer, "unitf": UniTF}[config.arch](config)
 
 
+def shard_units(model):
+    """The modules FSDP (train.py --fsdp) shards and gathers one at a time: each block with its own
+    projections; the rest (embedding, fusion, norms) is the root unit."""
+    if isinstance(model, HRM):
+        return [m for m in (model.input_block, model.L_net, model.H_net) if m is not None]
+    return list(model.blocks) if isinstance(model, Transformer) else [model.block]
+
+
 def load_checkpoint(path):
     """A train.py checkpoint as a dict, loaded with weights_only=True (a pickle holding code never runs).
     Every failure is a ValueError with one line that names the file and the problem."""

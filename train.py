@@ -7,6 +7,9 @@ DDP on one node with 6 GPUs (NCCL on CUDA, gloo on CPU):
 
     torchrun --standalone --nproc_per_node=6 train.py config/equalparam_nt8.py
 
+FSDP2 (--fsdp=True) instead of DDP shards the weights, gradients and AdamW state over the ranks, for the
+configs whose state one GPU cannot hold (python plan.py config/X.py says which, and the micro-batch).
+
 gradient_accumulation_steps is the *global* number of micro-batches per iteration, as in
 nanoGPT: each of W ranks runs 1/W of them. Micro-batch j of iteration i is drawn from its
 own seeded generator, so a run gives the same numbers with 1 or W processes, and after a
@@ -27,7 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import DTYPES, auto_device, auto_dtype, configure, precision_context
-from model import MODEL_FIELDS, ModelConfig, build_model, load_checkpoint
+from model import MODEL_FIELDS, ModelConfig, build_model, load_checkpoint, shard_units
 from prepare import check_dataset
 
 # -----------------------------------------------------------------------------
@@ -83,6 +86,7 @@ lr_decay_iters = 0           # cosine reaches min_lr here (0 = max_iters)
 device = "auto"              # "auto" (cuda if present, else cpu), "cpu", "cuda", "cuda:1", ...
 dtype = "auto"               # "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16", "float16"
 compile = False              # torch.compile the model (the uncompiled weights are what is saved)
+fsdp = False                 # with torchrun: FSDP2 instead of DDP (shards weights, grads, AdamW state; see plan.py)
 seed = 1337                  # everything random derives from this
 # -----------------------------------------------------------------------------
 config = configure(globals(), prog="train.py")
@@ -147,6 +151,11 @@ if dtype not in DTYPES:
     fail(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
 if init_from not in ("scratch", "resume"):
     fail(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+if fsdp and not ddp:
+    fail("fsdp=True shards the model over torchrun's processes: run it with torchrun --nproc_per_node=<GPUs> "
+         "(one process holds the whole model anyway)")
+if fsdp and dtype == "float16":
+    fail("fsdp=True trains in bfloat16 or float32 (float16 needs a sharded loss scaler); use --dtype=bfloat16")
 if gradient_accumulation_steps >= 1 and gradient_accumulation_steps % world_size:
     # a config written for fewer ranks (the Shakespeare ones: 1 micro-batch of 8): split each micro-batch so
     # every rank gets whole ones and the global batch stays gradient_accumulation_steps * batch_size sequences
@@ -271,7 +280,7 @@ checkpoint = None
 # Settings a resume must keep: they decide which tokens each iteration sees and how val is measured, so
 # changing them breaks exact resume. The others (max_iters, the learning-rate schedule, ...) may change.
 DATA_KEYS = ("dataset", "batch_size", "block_size", "seed", "gradient_accumulation_steps", "eval_iters")
-SILENT_KEYS = ("init_from", "out_dir", "data_dir", "overwrite", "device", "compile", "log_interval")
+SILENT_KEYS = ("init_from", "out_dir", "data_dir", "overwrite", "device", "compile", "log_interval", "fsdp")
 if init_from == "resume":
     try:
         checkpoint = load_checkpoint(ckpt_last)
@@ -308,14 +317,43 @@ model = build_model(model_config)
 if checkpoint is not None:
     model.load_state_dict(checkpoint["model"])
 model.to(device)
+if fsdp:
+    # FSDP2: each block (with its projections) is a unit gathered when it runs, the rest is the root. HRM's
+    # and UniTF's shared blocks run M times a pass, so they stay gathered through the forward (one all-gather,
+    # not M); a Transformer's blocks run once and are freed after their forward. The weights are gathered in
+    # float32 and autocast (ctx below) casts them, as under DDP: the same numbers as DDP, not bf16 states.
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict, set_optimizer_state_dict)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    # fully_shard takes no 0-d parameter: alpha and tau become 1-element vectors for this run (they only
+    # broadcast, so every number is the same); checkpoints keep them 0-d, in the one format for all runs
+    scalars = [n for n, p in model.named_parameters() if p.dim() == 0]
+    for name in scalars:
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, torch.nn.Parameter(model.get_parameter(name).detach().reshape(1)))
+    for unit in shard_units(model):
+        fully_shard(unit, mp_policy=mp, reshard_after_forward=arch == "transformer")
+    fully_shard(model, mp_policy=mp)
+    FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)   # checkpoints: one file, as without FSDP
 
 decay = [p for p in model.parameters() if p.dim() >= 2]      # matrices and the embedding
 no_decay = [p for p in model.parameters() if p.dim() < 2]    # norms, alpha, tau
+# the checkpoint's optimizer state is keyed by position in this order (torch's own format), under FSDP too
+param_order = [n for n, p in model.named_parameters() if p.dim() >= 2] + \
+              [n for n, p in model.named_parameters() if p.dim() < 2]
 optimizer = torch.optim.AdamW(
     [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
     lr=learning_rate, betas=(beta1, beta2), fused=device_type == "cuda")
 if checkpoint is not None:
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    if fsdp:   # positions -> parameter names, which set_optimizer_state_dict shards to each rank
+        osd = checkpoint["optimizer"]
+        as_run = lambda n, v: {k: t.reshape(1) if n in scalars and k != "step" else t for k, t in v.items()}  # noqa: E731
+        set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True), optim_state_dict={
+            "state": {param_order[i]: as_run(param_order[i], v) for i, v in osd["state"].items()},
+            "param_groups": [dict(g, params=[param_order[i] for i in g["params"]]) for g in osd["param_groups"]]})
+    else:
+        optimizer.load_state_dict(checkpoint["optimizer"])
     iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     best_iter, skipped_total = checkpoint.get("best_iter"), checkpoint.get("skipped_total", 0)
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
@@ -324,8 +362,8 @@ ctx = precision_context(device_type, dtype)
 raw_model = model
 if compile:
     model = torch.compile(model)
-if ddp:
-    model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+if ddp and not fsdp:   # gradients as views of DDP's buckets: one copy of them, not two
+    model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, gradient_as_bucket_view=True)
 
 steps = model_config.M
 clip = grad_clip * min(K, steps) / steps if arch in ("hrm", "unitf") else grad_clip  # K/M-proportional
@@ -348,14 +386,38 @@ def get_lr(it):
 # batch comes from its own generator seeded with (seed, stream, i, j)), so a resume is exact without it.
 
 
+def full_state(with_optimizer):
+    """The model's (and optimizer's) whole state, as one process holds it. Under FSDP every rank must call
+    this (it gathers the shards); the optimizer state goes back to torch's positional keys."""
+    if not fsdp:
+        return raw_model.state_dict(), optimizer.state_dict() if with_optimizer else None
+    model_sd = get_model_state_dict(raw_model, options=FULL)   # full on rank 0, empty on the others
+    osd = get_optimizer_state_dict(raw_model, optimizer, options=FULL) if with_optimizer else None
+    if not master:
+        return None, None
+    model_sd.update({n: model_sd[n].reshape(()) for n in scalars if n in model_sd})   # 0-d again
+    if not with_optimizer:
+        return model_sd, None
+    pos = {n: i for i, n in enumerate(param_order)}
+    as_saved = lambda n, v: {k: t.reshape(()) if n in scalars and k != "step" else t for k, t in v.items()}  # noqa: E731
+    return model_sd, {"state": {pos[n]: as_saved(n, v) for n, v in osd["state"].items()},
+                      "param_groups": [dict(g, params=[pos[n] for n in g["params"]]) for g in osd["param_groups"]]}
+
+
 def save_checkpoint(path):
     """Atomic: write a temporary file beside the target, fsync, then os.replace. A failed save (disk full)
     removes its temporary and stops the run with one line naming the checkpoints still intact.
-    ckpt.pt (the best model, for sampling) holds the weights only; ckpt_last.pt (for resume) everything."""
-    ckpt = {"model": raw_model.state_dict(), "model_args": model_args, "config": config, "iter_num": iter_num,
+    ckpt.pt (the best model, for sampling) holds the weights only; ckpt_last.pt (for resume) everything.
+    Every rank calls it (FSDP gathers the shards); the master writes."""
+    if not master and not fsdp:
+        return
+    model_sd, optim_sd = full_state(path == ckpt_last)
+    if not master:
+        return
+    ckpt = {"model": model_sd, "model_args": model_args, "config": config, "iter_num": iter_num,
             "best_val_loss": best_val_loss, "best_iter": best_iter, "meta": meta}
     if path == ckpt_last:
-        ckpt.update(optimizer=optimizer.state_dict(), skipped_total=skipped_total)
+        ckpt.update(optimizer=optim_sd, skipped_total=skipped_total)
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -411,13 +473,15 @@ def estimate_loss():
     """Final-pass CE (no entropy term) on eval_iters fixed batches per split, shared out over ranks."""
     model.eval()
     out = {}
+    rounds = -(-eval_iters // world_size)  # FSDP: every rank runs as many forwards (each one gathers)
     for s, split in enumerate(("train", "val")):
         losses = []
-        for k in range(rank, eval_iters, world_size):
-            X, Y = get_batch(split, 1 + s, 0, k)  # the same batches at every eval, on any world size
+        for k in range(rank, rounds * world_size if fsdp else eval_iters, world_size):
+            X, Y = get_batch(split, 1 + s, 0, k % eval_iters)  # the same batches at every eval, on any world size
             with ctx:
                 logits, _ = raw_model(X)
-            losses.append(raw_model.cross_entropy(logits, Y).item())
+            if k < eval_iters:
+                losses.append(raw_model.cross_entropy(logits, Y).item())
         out[split] = all_mean(losses)
     model.train()
     return out
@@ -488,20 +552,21 @@ while True:
                                     "lr": lr, "grad_norm": last_grad_norm if math.isfinite(last_grad_norm) else None,
                                     "time_s": round(time.time() - t_start, 3), "tokens": iter_num * tokens_per_iter,
                                     "skipped": skipped_total}) + "\n")
-            if finite and iter_num == 0 and best_iter is None:
-                best_val_loss = losses["val"]  # the bar every "good" checkpoint must clear
-            elif finite:  # a non-finite model never reaches a checkpoint
-                if losses["val"] < best_val_loss or always_save_checkpoint:
-                    if losses["val"] < best_val_loss:
-                        best_val_loss, best_iter = losses["val"], iter_num
-                    save_checkpoint(ckpt_best)
-                save_checkpoint(ckpt_last)
+        # every rank keeps the same best (the losses are global means) and takes part in the saves
+        if not eval_only and finite and iter_num == 0 and best_iter is None:
+            best_val_loss = losses["val"]  # the bar every "good" checkpoint must clear
+        elif not eval_only and finite:  # a non-finite model never reaches a checkpoint
+            if losses["val"] < best_val_loss or always_save_checkpoint:
+                if losses["val"] < best_val_loss:
+                    best_val_loss, best_iter = losses["val"], iter_num
+                save_checkpoint(ckpt_best)
+            save_checkpoint(ckpt_last)
         t0 += time.time() - t_eval  # keep evaluation out of ms/iter
     if eval_only or iter_num >= max_iters:
         break
     if should_stop():  # after the due evaluation, so a resume from here skips nothing
+        save_checkpoint(ckpt_last)
         if master:
-            save_checkpoint(ckpt_last)
             sys.stderr.write(f"train.py: stopped by {signal.Signals(stop_signal[0]).name if stop_signal else 'a signal'} "
                              f"at iter {iter_num}; saved {ckpt_last}; continue with --init_from=resume\n")
         if ddp:
@@ -513,7 +578,9 @@ while True:
     for m_i in range(micro_per_rank):
         j = rank + m_i * world_size  # rank r takes micro-batches r, r+W, r+2W, ...
         X, Y = get_batch("train", 0, iter_num, j)
-        if ddp:
+        if fsdp:   # reduce the gradients once, after the last micro-batch
+            model.set_requires_gradient_sync(m_i == micro_per_rank - 1)
+        elif ddp:
             model.require_backward_grad_sync = m_i == micro_per_rank - 1
         with ctx:
             _, loss = model(X, Y)
@@ -523,6 +590,8 @@ while True:
         dist.all_reduce(loss_sum)
     scaler.unscale_(optimizer)
     total_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip if clip > 0 else float("inf"))
+    if fsdp:
+        total_norm = total_norm.full_tensor()   # a DTensor: the norm over every rank's shards
     # the iteration's one host sync: the mean loss over every rank's micro-batches, and the grad norm
     train_loss, grad_norm = torch.stack([loss_sum / gradient_accumulation_steps, total_norm.double()]).tolist()
     if math.isfinite(train_loss) and math.isfinite(grad_norm):

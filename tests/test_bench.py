@@ -106,6 +106,7 @@ def test_counted_flops_see_what_the_paper_model_leaves_out():
     assert 7 * C < k4 - k2 < 9.5 * C        # measured 8.3 C: 2 x 2 x 1.44 C (Fast) + 2 x 1.3 C (Slow)
 
 
+@pytest.mark.slow   # a minute on 2 cores; the worker phases it runs are tested one by one above
 def test_bench_tiny_end_to_end(tmp_path):
     out = tmp_path / "b.json"
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--preset=tiny",

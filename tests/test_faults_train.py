@@ -11,12 +11,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
-from conftest import ROOT, TINY, run_train
+from conftest import ROOT, TINY, faulty_train, one_error_line, run_train
 
 HRM = ["--arch=hrm", "--N=2", "--T=2", "--K=2"]
 
@@ -31,14 +30,6 @@ def digest(out_dir):
     """name -> sha256 of every file in out_dir (to show that nothing changed)."""
     return {n: hashlib.sha256(open(os.path.join(out_dir, n), "rb").read()).hexdigest()
             for n in sorted(os.listdir(out_dir)) if os.path.isfile(os.path.join(out_dir, n)) and n != ".lock"}
-
-
-def one_error_line(p, code=2):
-    lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
-    assert p.returncode == code, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
-    assert "Traceback" not in p.stderr, p.stderr
-    assert len(lines) == 1 and lines[0].startswith("train.py: error"), p.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -144,32 +135,8 @@ def test_diverged_model_never_becomes_the_best(data_dir, tmp_path):
 
 # --- item 5: a failed save is one line, leaves no temporary, and stale ones are cleaned -------------------
 
-FAULTY_SAVE = r"""
-import errno, os, runpy, signal, sys, torch
-calls = [0]
-real_save = torch.save
-def faulty_save(obj, f, *a, **k):
-    calls[0] += 1
-    if calls[0] < int(os.environ["FAULT_AT_SAVE"]):
-        return real_save(obj, f, *a, **k)
-    if os.environ["FAULT"] == "kill":               # killed between the log line and the checkpoint
-        os.kill(os.getpid(), signal.SIGKILL)
-    f.write(b"PK\x03\x04 part of a checkpoint")
-    raise OSError(errno.ENOSPC, "No space left on device")
-torch.save = faulty_save
-sys.argv = sys.argv[1:]
-sys.path.insert(0, os.path.dirname(sys.argv[0]))
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def run_faulty(args, data_dir, out, tmp_path, fault, at):
-    script = tmp_path / "faulty_save.py"
-    script.write_text(FAULTY_SAVE)
-    cmd = [sys.executable, str(script), os.path.join(ROOT, "train.py"), *TINY, *HRM, f"--data_dir={data_dir}",
-           f"--out_dir={out}", *args]
-    env = dict(os.environ, FAULT_AT_SAVE=str(at), FAULT=fault, OMP_NUM_THREADS="1")
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return faulty_train(HRM + args, data_dir, out, tmp_path, fault, at)
 
 
 def test_failed_save_is_one_line_and_leaves_no_temporary(trained, data_dir, tmp_path):

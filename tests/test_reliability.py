@@ -2,14 +2,12 @@
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from conftest import ROOT, TINY, read_log, run_train
+from conftest import faulty_train, read_log, run_train
 
 HRM = ["--arch=hrm", "--N=2", "--T=2", "--K=2"]
 FIXED = ["--eval_interval=2", "--lr_decay_iters=8", "--gradient_accumulation_steps=2"]
@@ -36,38 +34,14 @@ def test_exact_resume(data_dir, tmp_path):
         assert wa[key] == wb[key]
 
 
-SLOW_SAVE = r"""
-import os, runpy, sys, time, torch
-calls = [0]
-real_save = torch.save
-def slow_save(obj, f, *a, **k):
-    calls[0] += 1
-    if calls[0] < int(os.environ["KILL_AT_SAVE"]):
-        return real_save(obj, f, *a, **k)
-    f.write(b"PK\x03\x04 half a checkpoint")   # some bytes of the new file are on disk...
-    f.flush()
-    open(os.environ["MARKER"], "w").close()
-    time.sleep(600)                             # ...when the process is killed
-torch.save = slow_save
-sys.argv = sys.argv[1:]
-sys.path.insert(0, os.path.dirname(sys.argv[0]))
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def test_sigkill_during_save_keeps_previous_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(HRM + ["--max_iters=2", "--eval_interval=2"], data_dir, out)
     before = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
     marker = str(tmp_path / "writing")
-    script = tmp_path / "slow_save.py"
-    script.write_text(SLOW_SAVE)
-    # resume to 4; the first save of that run (ckpt.pt at iter 4) hangs halfway and gets SIGKILL
-    cmd = [sys.executable, str(script), os.path.join(ROOT, "train.py"), *TINY, *HRM, f"--data_dir={data_dir}",
-           f"--out_dir={out}", "--max_iters=4", "--eval_interval=2", "--init_from=resume",
-           "--always_save_checkpoint=True"]
-    env = dict(os.environ, KILL_AT_SAVE="2", MARKER=marker, OMP_NUM_THREADS="1")  # the 2nd save: ckpt_last.pt
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # resume to 4; the 2nd save of that run (ckpt_last.pt at iter 4) hangs halfway and gets SIGKILL
+    proc = faulty_train(HRM + ["--max_iters=4", "--eval_interval=2", "--init_from=resume",
+                               "--always_save_checkpoint=True"], data_dir, out, tmp_path, "hang", 2, marker, wait=False)
     deadline = time.time() + 120
     while not os.path.exists(marker):
         assert proc.poll() is None, proc.communicate()

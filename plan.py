@@ -1,0 +1,331 @@
+"""
+Will it fit? The per-GPU memory of one training iteration of a train.py config, computed on any machine
+without allocating it, before anyone spends GPU hours:
+
+    python plan.py config/equalparam_nt12.py config/tfbaseline_tf_l12.py --gpu_mem_gb=80
+    python bench.py --plan config/equalparam_nt12.py --gpu_mem_gb=96     # the same
+
+For each config, at its own sizes (train.py's defaults plus the file, as train.py reads them; the world size
+is the paper's 6 GPUs unless --world_size says otherwise), it prints per GPU:
+  params, grads, AdamW    float32 weights, gradients and the two AdamW moments: 4 + 4 + 8 bytes per parameter
+                          (DDP keeps the gradients in its buckets for the whole run); FSDP divides all three by
+                          the world size and adds what it gathers: the root, and HRM's and UniTF's shared blocks
+                          (kept for the whole forward) or two Transformer blocks, in float32
+  activations             what autograd saves for backward at the end of the forward: counted, not estimated
+  logits                  of which the saved logits, log-softmax and loss tensors (the last dim is the vocabulary)
+  weight casts            the bfloat16 copies of the weights autocast keeps for the iteration
+  iteration peak          the most memory live at any moment of forward + backward beyond the persistent state
+                          (activations + the transient tensors of the step running + gradient buffers)
+  total                   persistent state + iteration peak; "fits" against --gpu_mem_gb minus --reserve_gb
+and the largest micro-batch that fits, with the command line that keeps the global batch.
+
+How it counts: the real model runs its real forward and backward on the `meta` device (shapes and dtypes,
+no memory). A saved-tensor hook records every tensor autograd saves (unique storages, the weights'
+own excluded), and a dispatch mode follows every storage the iteration creates from its first op to the
+moment it is freed (a weak reference on the storage), which gives the live total at each op and its peak.
+Two things are what a GPU does and the CPU does not, and are applied to the meta run by hand:
+  - bf16 autocast: torch.autocast leaves meta tensors alone, so AutocastOnMeta applies CUDA autocast's
+    policy for the ops these models use (aten/src/ATen/autocast_mode.cpp): matmuls and attention in bf16,
+    rsqrt, pow, softmax, log-softmax, sums and the loss in fp32, the rest by type promotion, and the cast
+    of each weight cached for the iteration as autocast does.
+  - attention is the fused kernel (flash / memory-efficient): it saves q, k, v, its output and a float32
+    log-sum-exp per row, never the n x n matrix (FusedAttention).
+Not counted: the CUDA context and kernels' workspaces (--reserve_gb, 2 by default), allocator fragmentation,
+torch.compile's buffers. tests/test_plan.py checks the method against one real float32 iteration on the CPU.
+"""
+
+import argparse
+import ast
+import os
+import sys
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from configurator import ConfigError, HelpFormatter, apply_config, run_main
+from model import MODEL_FIELDS, ModelConfig, build_model, shard_units
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+GB = 1e9
+
+
+def train_settings(argv):
+    """train.py's settings for argv (config files and --key=value), read as train.py reads them: its
+    defaults are the simple assignments above its `config = configure(...)` line."""
+    tree = ast.parse(open(os.path.join(ROOT, "train.py")).read())
+    config = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                getattr(node.value.func, "id", "") == "configure":
+            break
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                config[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    apply_config(list(argv), config)
+    if not config["vocab_size"]:
+        meta = os.path.join(config["data_dir"], config["dataset"], "meta.json")
+        config["vocab_size"] = __import__("json").load(open(meta))["vocab_size"] if os.path.exists(meta) else 50257
+    return config
+
+
+def model_config(settings):
+    args = {k: settings[k] for k in MODEL_FIELDS}
+    args["M"] = settings["M"] if settings["arch"] == "unitf" else None
+    return ModelConfig(**args)
+
+
+# --- what a GPU does that the meta device does not ---------------------------------------------------
+
+class FusedAttention(torch.autograd.Function):
+    """Causal attention as the fused GPU kernels keep it for backward: q, k, v, the output and one float32
+    log-sum-exp per query row (flash attention's saved set); no n x n matrix is ever saved."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, out, lse = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+class AutocastOnMeta(TorchFunctionMode):
+    """CUDA autocast's bf16 policy for the ops model.py calls, on meta tensors (see the module docstring)."""
+    LOWER = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.bmm,
+             torch.addmm, torch.baddbmm, F.scaled_dot_product_attention}
+    FP32 = {torch.rsqrt, torch.Tensor.rsqrt, torch.pow, torch.Tensor.pow, torch.Tensor.__pow__, torch.softmax,
+            torch.Tensor.softmax, F.softmax, torch.log_softmax, torch.Tensor.log_softmax, F.log_softmax,
+            F.cross_entropy, F.rms_norm, torch.exp, torch.Tensor.exp, torch.log, torch.Tensor.log,
+            torch.sum, torch.Tensor.sum}
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype = dtype       # None: no autocast (float32 training), only the fused attention
+        self.cache = {}          # id(weight) -> (weight, its cast): autocast casts each leaf once per region
+
+    def cast(self, t, dtype):
+        if not (isinstance(t, torch.Tensor) and t.is_floating_point()) or t.dtype == dtype:
+            return t
+        if t.is_leaf and t.requires_grad:
+            if id(t) not in self.cache:
+                self.cache[id(t)] = (t, t.to(dtype))
+            return self.cache[id(t)][1]
+        return t.to(dtype)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.dtype is not None and (func in self.LOWER or func in self.FP32):
+            to = self.dtype if func in self.LOWER else torch.float32
+            args = tuple(self.cast(a, to) for a in args)
+            kwargs = {k: self.cast(v, to) for k, v in kwargs.items()}
+        if func is F.scaled_dot_product_attention:
+            assert kwargs.get("is_causal") and kwargs.get("attn_mask") is None, "training attention is causal"
+            return FusedAttention.apply(*args[:3])
+        return func(*args, **kwargs)
+
+
+class LiveBytes(TorchDispatchMode):
+    """Every storage an op creates counts from its creation until it is freed: live bytes and their peak.
+    `before`: the storages that exist already (weights, gradients, inputs), which a view of them must not count."""
+
+    def __init__(self, before=()):
+        super().__init__()
+        self.live = self.peak = 0
+        self.owned = set()
+        self.before = set(before)
+
+    def _free(self, key, nbytes):
+        self.owned.discard(key)
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                if st._cdata not in self.owned and st._cdata not in self.before:
+                    self.owned.add(st._cdata)
+                    self.live += st.nbytes()
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(st, self._free, st._cdata, st.nbytes())
+        return out
+
+
+def count_iteration(cfg, batch, dtype=torch.bfloat16, grads_persistent=True, seq=None):
+    """One training iteration (forward, loss, backward) of build_model(cfg) at `batch` x `seq` tokens (block_size),
+    on the meta device. Returns bytes: saved activations, of which logits and weight casts, and the
+    iteration's peak beyond the persistent state. grads_persistent: the gradients exist before the
+    iteration (DDP's buckets, FSDP's sharded grads); else they are created in backward and count in the
+    peak. FSDP runs the same iteration (train.py gathers float32 weights and autocasts as under DDP)."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    model.train()
+    if grads_persistent:
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+    x = torch.zeros(batch, seq or cfg.block_size, dtype=torch.long, device="meta")
+    own = {t.untyped_storage()._cdata for t in list(model.parameters()) + list(model.buffers()) + [x] +
+           [p.grad for p in model.parameters() if p.grad is not None]}
+    saved = {}
+
+    def pack(t):
+        key = t.untyped_storage()._cdata
+        if key not in own and key not in saved:
+            saved[key] = (t.untyped_storage().nbytes(), t.dim() >= 2 and t.shape[-1] == cfg.vocab_size)
+        return t
+
+    autocast = AutocastOnMeta(None if dtype == torch.float32 else dtype)
+    live = LiveBytes(own)
+    with live, autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _, loss = model(x, x)      # train.py keeps only the loss
+        casts = {c.untyped_storage()._cdata for _, c in autocast.cache.values()}
+        acts = sum(n for k, (n, _) in saved.items() if k not in casts)
+        logits = sum(n for n, is_logits in saved.values() if is_logits)
+        cast_bytes = sum(n for k, (n, _) in saved.items() if k in casts)
+        del saved, autocast
+        loss.backward()
+        del loss
+    return {"activations": acts, "logits": logits, "weight_casts": cast_bytes, "iteration_peak": live.peak}
+
+
+def gathered_params(model, arch):
+    """Parameters FSDP holds unsharded at once (train.py's sharding): the root (embedding, fusion, norms), and
+    HRM's and UniTF's shared blocks for the whole forward (they run M times), or two of a Transformer's blocks
+    (the one running and the next, prefetched). Also returns the largest unit, whose float32 gradient is
+    whole until it is reduce-scattered."""
+    units = [sum(p.numel() for p in u.parameters()) for u in shard_units(model)]
+    root = sum(p.numel() for p in model.parameters()) - sum(units)
+    return root + (2 * max(units) if arch == "transformer" else sum(units)), max(units + [root])
+
+
+def plan(settings, world_size, gpu_bytes, reserve_bytes, micro_batch=None, fsdp=False):
+    """The per-GPU memory of one iteration of these train.py settings (see the module docstring)."""
+    cfg = model_config(settings)
+    dtype = torch.float32 if settings["dtype"] == "float32" else torch.bfloat16   # "auto" is bf16 on CUDA
+    with torch.device("meta"):
+        model = build_model(cfg)
+    P = sum(p.numel() for p in model.parameters())
+    it = count_iteration(cfg, micro_batch or settings["batch_size"], dtype)
+    state = 16 * P
+    if fsdp:   # sharded weights, grads and moments, plus what is gathered (float32) and one unit's whole grads
+        held, unit = gathered_params(model, cfg.arch)
+        state = state / world_size + (held + unit) * 4
+    total = state + it["iteration_peak"] + reserve_bytes
+    return {"params": P, "state": state, **it, "total": total, "fits": total <= gpu_bytes}
+
+
+def micro_batches(settings, world_size):
+    """The micro-batches that keep the global batch: divisors of the sequences each GPU sees per iteration."""
+    per_gpu, rest = divmod(settings["batch_size"] * settings["gradient_accumulation_steps"], world_size)
+    if rest or not per_gpu:
+        raise ConfigError(f"batch_size x gradient_accumulation_steps = "
+                          f"{settings['batch_size'] * settings['gradient_accumulation_steps']} is not divisible by "
+                          f"world_size={world_size}")
+    return per_gpu, [b for b in range(per_gpu, 0, -1) if per_gpu % b == 0]
+
+
+def largest_fit(settings, world_size, gpu, reserve, fsdp, rows):
+    """The largest micro-batch that fits (keeping the global batch), or None; rows caches plan() by micro-batch."""
+    per_gpu, choices = micro_batches(settings, world_size)
+    for b in choices:
+        key = ("fsdp" if fsdp else "ddp", b)
+        if key not in rows:
+            rows[key] = plan(settings, world_size, gpu, reserve, b, fsdp)
+        if rows[key]["total"] <= gpu:
+            return b, per_gpu
+    return None, per_gpu
+
+
+def command(path, world_size, fsdp, best, b, per_gpu):
+    flags = (" --fsdp=True" if fsdp else "") + (
+        "" if best == b else f" --batch_size={best} --gradient_accumulation_steps={per_gpu // best * world_size}")
+    return f"torchrun --standalone --nproc_per_node={world_size} train.py {path}{flags}"
+
+
+def report(path, settings, world_size, gpu_gb, reserve_gb):
+    gpu, reserve = gpu_gb * GB, reserve_gb * GB
+    b = settings["batch_size"]
+    rows = {(mode, b): plan(settings, world_size, gpu, reserve, b, mode == "fsdp") for mode in ("ddp", "fsdp")}
+    g = lambda v: f"{v / GB:7.1f}"  # noqa: E731
+    print(f"{path}: {settings['arch']} d={settings['n_embd']}, {rows['ddp', b]['params'] / 1e6:.0f}M params, "
+          f"micro-batch {b} x {settings['block_size']} tokens, {settings['dtype'] if settings['dtype'] != 'auto' else 'bfloat16'}, "
+          f"world size {world_size}, {gpu_gb:g} GB per GPU ({reserve_gb:g} reserved)")
+    print(f"  {'':5} {'state':>7} {'activ.':>7} {'logits':>7} {'casts':>7} {'peak':>7} {'total':>7}  GB")
+    for mode in ("ddp", "fsdp"):
+        r = rows[mode, b]
+        print(f"  {mode:5} {g(r['state'])} {g(r['activations'])} {g(r['logits'])} {g(r['weight_casts'])} "
+              f"{g(r['iteration_peak'])} {g(r['total'])}  {'fits' if r['total'] <= gpu else 'DOES NOT FIT'}")
+    verdict = {}
+    for mode in ("ddp", "fsdp"):
+        best, per_gpu = largest_fit(settings, world_size, gpu, reserve, mode == "fsdp", rows)
+        verdict[mode] = best
+        print(f"  {mode}: " + ("no micro-batch fits" if best is None else f"largest micro-batch that fits: {best}   "
+                               + command(path, world_size, mode == "fsdp", best, b, per_gpu)))
+    return {"config": path, "rows": {f"{m}@{k}": v for (m, k), v in rows.items()}, "largest_micro_batch": verdict}
+
+
+def markdown(paths, world_size, gpu_gbs, reserve_gb):
+    """README's "Will it fit?" table: one row per config, per GPU size what runs: "DDP" (the config as it is),
+    "DDP micro-batch b" (--batch_size=b, gradient_accumulation_steps raised to keep the global batch), "FSDP"."""
+    print(f"| config | params | DDP GB/GPU | FSDP GB/GPU | " + " | ".join(f"{g:g} GB" for g in gpu_gbs) + " |")
+    print("|---|---|---|---|" + "---|" * len(gpu_gbs))
+    for path in paths:
+        settings = train_settings([path])
+        b, rows = settings["batch_size"], {}
+        cells = []
+        for gpu_gb in gpu_gbs:
+            opts = []
+            for fsdp in (False, True):
+                best, per_gpu = largest_fit(settings, world_size, gpu_gb * GB, reserve_gb * GB, fsdp, rows)
+                if best is not None:
+                    opts.append(("FSDP " if fsdp else "DDP ") + ("" if best == b else f"micro-batch {best}"))
+                if best == b:
+                    break   # the plain run fits: nothing more to say
+            cells.append(" or ".join(o.strip() for o in opts) or "no fit")
+        ddp, fsdp = rows[("ddp", b)], rows.get(("fsdp", b)) or plan(settings, world_size, 0, reserve_gb * GB, b, True)
+        print(f"| {os.path.basename(path)} | {ddp['params'] / 1e6:.0f}M | {ddp['total'] / GB:.1f} | "
+              f"{fsdp['total'] / GB:.1f} | " + " | ".join(cells) + " |", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="plan.py", description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("configs", nargs="+", help="train.py config files (each planned at its own sizes)")
+    ap.add_argument("--gpu_mem_gb", type=float, default=80.0, help="memory of one GPU, GB (1e9 bytes)")
+    ap.add_argument("--reserve_gb", type=float, default=2.0, help="kept back for the CUDA context and workspaces")
+    ap.add_argument("--world_size", type=int, default=6, help="GPUs (the paper: 6)")
+    ap.add_argument("--markdown", default=None, help="comma-separated GPU sizes in GB (e.g. 80,96): one table row "
+                    "per config instead (README's 'Will it fit?')")
+    args, overrides = ap.parse_known_args(argv)
+    bad = [o for o in overrides if not o.startswith("--")]
+    if bad:
+        sys.exit(f"plan.py: error: unexpected arguments {bad}")
+    if args.world_size < 1 or args.gpu_mem_gb <= 0 or args.reserve_gb < 0:
+        sys.exit("plan.py: error: --world_size >= 1, --gpu_mem_gb > 0 and --reserve_gb >= 0")
+    if args.markdown:
+        try:
+            return markdown(args.configs, args.world_size, [float(g) for g in args.markdown.split(",")], args.reserve_gb)
+        except (ConfigError, ValueError) as e:
+            sys.exit(f"plan.py: error: {e}")
+    out = []
+    for path in args.configs:
+        try:
+            settings = train_settings([path] + overrides)
+            model_config(settings)
+            out.append(report(path, settings, args.world_size, args.gpu_mem_gb, args.reserve_gb))
+        except (ConfigError, ValueError) as e:
+            sys.exit(f"plan.py: error: {e}")
+    return out
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,77 @@
+"""plan.py (bench.py --plan): the memory of a training iteration, counted on the meta device, against a real
+measured one; fused attention (nothing n x n); the bf16 weight casts; the command line a user gets."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench import model_config, run_worker
+from conftest import ROOT
+from model import ModelConfig, build_model
+from plan import count_iteration
+
+
+@pytest.mark.parametrize("name", ["hrm_nt4", pytest.param("tf_l4", marks=pytest.mark.slow)])
+def test_plan_matches_a_measured_float32_iteration(name):
+    """The counted peak of forward + backward equals the measured resident peak of one real iteration (a fresh
+    process whose allocator returns every freed block: bench.py's method). The issue's bar is 15%; measured
+    it is within 0.1% for HRM, the Transformer and UniTF, so the test holds it to 5%."""
+    over = {"vocab_size": 300}    # not 4d = 1024 nor d: the logits are told apart by their last dimension
+    spec = {"model": name, "preset": "cpu", "device": "cpu", "train_batch": 4, "mem_env": True, "override": over}
+    measured = run_worker("train", spec)["train_iter_mem_mb"] * 2**20
+    counted = count_iteration(model_config(name, "cpu", **over), 4, torch.float32, grads_persistent=False, seq=256)
+    assert abs(counted["iteration_peak"] / measured - 1) < 0.05, (counted, measured / 2**20)
+    assert counted["logits"] < counted["activations"] < counted["iteration_peak"]
+
+
+def test_attention_saves_nothing_n_by_n():
+    """Fused attention: the saved activations grow linearly with the sequence, as on a GPU (the math kernel
+    the meta device would run saves the n x n weights and would make this ratio 2.85)."""
+    cfg = ModelConfig(arch="hrm", vocab_size=300, n_embd=64, n_head=4, block_size=1024, N=2, T=2, K=2)
+    a, b = (count_iteration(cfg, 1, torch.float32, seq=n)["activations"] for n in (512, 1024))
+    assert abs(b / a - 2) < 0.01, (a, b)
+
+
+def test_bf16_saves_half_and_keeps_one_cast_of_each_weight():
+    """Under bf16 autocast each nn.Linear weight is cast once per iteration and kept for backward: exactly 2 bytes
+    per parameter. (The tied head multiplies by wte.weight.T, a view, which autocast does not cache: that copy
+    is saved as an activation.) The activations are about half of float32's."""
+    cfg = model_config("tf_l4", "tiny", vocab_size=300)
+    with torch.device("meta"):
+        model = build_model(cfg)
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2) - model.wte.weight.numel()
+    bf16, fp32 = count_iteration(cfg, 2, torch.bfloat16), count_iteration(cfg, 2, torch.float32)
+    assert bf16["weight_casts"] == 2 * matrices and fp32["weight_casts"] == 0
+    assert 0.45 < (bf16["activations"] - bf16["logits"]) / (fp32["activations"] - fp32["logits"]) < 0.75
+
+
+def test_the_issue_command_under_a_minute_without_memory():
+    """python bench.py --plan <paper configs> --gpu_mem_gb=80: verdicts, largest micro-batch, a command line
+    that keeps the global batch; under a minute and a few hundred MB (nothing is allocated at paper size)."""
+    code = ("import resource, runpy, sys; sys.argv = ['bench.py', '--plan', 'config/equalparam_nt12.py', "
+            "'config/tfbaseline_tf_l12.py', '--gpu_mem_gb=80']\ntry:\n    runpy.run_path('bench.py', run_name='__main__')\n"
+            "finally:\n    print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    import time
+    t = time.time()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    took = time.time() - t
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert took < 60, took
+    assert int(p.stdout.split("MAXRSS_KB")[1]) < 1_000_000                    # < 1 GB: no paper-size tensor
+    hrm, tf = p.stdout.split("config/tfbaseline_tf_l12.py:")
+    assert "1229M params" in hrm and re.search(r"ddp .* fits", hrm)
+    assert "3427M params" in tf and re.search(r"ddp .* DOES NOT FIT", tf) and re.search(r"fsdp .* fits", tf)
+    m = re.search(r"ddp: largest micro-batch that fits: (\d+) .*--batch_size=(\d+) --gradient_accumulation_steps=(\d+)", tf)
+    assert m and int(m[1]) == int(m[2]) < 12 and int(m[2]) * int(m[3]) == 12 * 6   # the paper's 72 sequences
+
+
+def test_plan_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("n_embdd = 5\n")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "plan.py"), str(bad)], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.strip().startswith("plan.py: error:") and "n_embd" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
