@@ -2,9 +2,7 @@
 # Table "LongTrain" row UniTF; K=2 from section LongTrain ("K-window TBPTT fix (K=2, M=12)").
 # Inferred: lr 5e-5 / warmup 1000 (the paper gives none for this run; the LongTrain HRM schedule).
 # torchrun --standalone --nproc_per_node=6 train.py config/longtrain_unitf_m12.py
+include("unitf_d4096.py")         # UniTF M=12 (K=2), d=4096, lr 5e-5
 out_dir = "out-longtrain_unitf_m12"
-arch = "unitf"
-M = 12                            # gradient window: K/M = 2/12
-learning_rate = 5e-05
-min_lr = 5e-06
+warmup_iters = 1000
 max_iters = 20000

@@ -12,6 +12,15 @@ from bench import counted_train_flops, run_worker, train_flops, model_config
 from conftest import ROOT
 
 
+def run_bench(models, tmp_path):
+    """python bench.py --preset=tiny --models=<models>: its JSON rows and the finished process."""
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--preset=tiny", f"--models={models}",
+                        f"--json={out}"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return json.loads(out.read_text()), p
+
+
 @functools.lru_cache(maxsize=None)   # the same measurement serves several tests
 def iter_mem(N, T, K, **options):
     spec = {"model": "hrm_nt4", "preset": "tiny", "device": "cpu", "train_batch": 4, "mem_env": True,
@@ -57,12 +66,7 @@ def test_flop_model_options():
 @pytest.mark.slow   # minutes on 2 cores; CI keeps the M=48 and grad_ckpt memory tests
 def test_bench_beyond_rows(tmp_path):
     """Two rows of --models=beyond at the tiny preset: KV cache of the attending applications only."""
-    out = tmp_path / "b.json"
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--preset=tiny",
-                        "--models=hrm_nt12_hybrid4,hrm_nt12_gradckpt_full", f"--json={out}"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert p.returncode == 0, p.stderr
-    hybrid, ckpt = json.loads(out.read_text())
+    (hybrid, ckpt), _ = run_bench("hrm_nt12_hybrid4,hrm_nt12_gradckpt_full", tmp_path)
     assert hybrid["kv_cache_mb"] == pytest.approx(2 * (1 + 4 + 4) * 192 * 64 * 4 / 2**20)   # 1 + S (k + N)
     assert ckpt["kv_cache_mb"] == pytest.approx(2 * 17 * 192 * 64 * 4 / 2**20)
     for r in (hybrid, ckpt):
@@ -108,12 +112,7 @@ def test_counted_flops_see_what_the_paper_model_leaves_out():
 
 @pytest.mark.slow   # a minute on 2 cores; the worker phases it runs are tested one by one above
 def test_bench_tiny_end_to_end(tmp_path):
-    out = tmp_path / "b.json"
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--preset=tiny",
-                        "--models=hrm_nt12,tf_l4,unitf_m12", f"--json={out}"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert p.returncode == 0, p.stderr
-    rows = json.loads(out.read_text())
+    rows, p = run_bench("hrm_nt12,tf_l4,unitf_m12", tmp_path)
     assert [r["model"] for r in rows] == ["hrm_nt12", "tf_l4", "unitf_m12"]
     for r in rows:
         for key in ("params", "latency_ms", "peak_mem_mb", "gen_tok_s_recompute", "gen_tok_s_cached",
