@@ -58,6 +58,7 @@ def test_sigkill_during_save_keeps_previous_checkpoint(data_dir, tmp_path):
     assert torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)["iter_num"] == 4
 
 
+@pytest.mark.slow   # CI time: test_faults_train's diverged-model test covers ckpt.pt's rule
 def test_best_and_last_checkpoints_are_kept_apart(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(HRM + ["--max_iters=4", "--eval_interval=2"], data_dir, out)
@@ -161,6 +162,7 @@ def test_ddp_config_error_on_every_rank(data_dir, tmp_path):
     assert "step 0" not in p.stdout
 
 
+@pytest.mark.slow   # CI time: the README's torchrun line runs a one-rank config on 2 ranks
 def test_ddp_splits_a_one_rank_config(data_dir, tmp_path):
     """A config written for one process (1 micro-batch of 4) runs on 2 ranks with the same global batch."""
     p = run_train(HRM + ["--max_iters=2", "--eval_interval=2", "--gradient_accumulation_steps=1"], data_dir,
