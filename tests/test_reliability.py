@@ -13,6 +13,7 @@ HRM = ["--arch=hrm", "--N=2", "--T=2", "--K=2"]
 FIXED = ["--eval_interval=2", "--lr_decay_iters=8", "--gradient_accumulation_steps=2"]
 
 
+@pytest.mark.slow   # CI time: test_faults_train's signal test resumes bit for bit in CI
 def test_exact_resume(data_dir, tmp_path):
     """Stop at 3, resume to 8 == run to 8 in one go: same losses and weights, to the bit."""
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
@@ -34,6 +35,7 @@ def test_exact_resume(data_dir, tmp_path):
         assert wa[key] == wb[key]
 
 
+@pytest.mark.slow   # CI time: test_faults_train's failed-save test covers the atomic save
 def test_sigkill_during_save_keeps_previous_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(HRM + ["--max_iters=2", "--eval_interval=2"], data_dir, out)
@@ -118,6 +120,7 @@ class Evil:
         return (os.system, (f"touch {self.path}",))
 
 
+@pytest.mark.slow   # CI time: test_faults_train's diverged-model test runs in CI
 def test_non_finite_iterations_are_skipped_then_stop(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(HRM + ["--max_iters=2", "--eval_interval=2"], data_dir, out)
