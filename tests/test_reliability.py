@@ -140,6 +140,7 @@ def test_non_finite_iterations_are_skipped_then_stop(data_dir, tmp_path):
     assert log[-1]["iter"] == 4 and log[-1]["skipped"] == 1   # iteration 3 was skipped before the eval at 4
 
 
+@pytest.mark.slow   # CI time: tests/test_fsdp.py checks 2 ranks == 1 process (the same micro-batch split) in CI
 def test_ddp_equals_one_process(data_dir, tmp_path):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     args = HRM + ["--max_iters=4", "--eval_interval=2", "--gradient_accumulation_steps=2", "--eval_iters=4"]
