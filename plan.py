@@ -53,12 +53,11 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 GB = 1e9
 
 
-def train_settings(argv):
-    """train.py's settings for argv (config files and --key=value), read as train.py reads them: its
-    defaults are the simple assignments above its `config = configure(...)` line."""
-    tree = ast.parse(open(os.path.join(ROOT, "train.py")).read())
+def train_defaults():
+    """train.py's settings and their defaults, read without running it: the simple assignments above its
+    `config = configure(...)` line."""
     config = {}
-    for node in tree.body:
+    for node in ast.parse(open(os.path.join(ROOT, "train.py")).read()).body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
                 getattr(node.value.func, "id", "") == "configure":
             break
@@ -67,7 +66,12 @@ def train_settings(argv):
                 config[node.targets[0].id] = ast.literal_eval(node.value)
             except ValueError:
                 pass
-    apply_config(list(argv), config)
+    return config
+
+
+def train_settings(argv):
+    """train.py's settings for argv (config files and --key=value), read as train.py reads them."""
+    config = apply_config(list(argv), train_defaults())
     if not config["vocab_size"]:
         meta = os.path.join(config["data_dir"], config["dataset"], "meta.json")
         config["vocab_size"] = __import__("json").load(open(meta))["vocab_size"] if os.path.exists(meta) else 50257

@@ -342,16 +342,24 @@ no_decay = [p for p in model.parameters() if p.dim() < 2]    # norms, alpha, tau
 # the checkpoint's optimizer state is keyed by position in this order (torch's own format), under FSDP too
 param_order = [n for n, p in model.named_parameters() if p.dim() >= 2] + \
               [n for n, p in model.named_parameters() if p.dim() < 2]
+
+
+def rekey(osd, key, scalar_shape):
+    """An optimizer state dict with each parameter key p replaced by key(p) (positions <-> FSDP's names), the
+    AdamW moments of the 0-d parameters reshaped to scalar_shape ((1,) in an FSDP run, () in checkpoints)."""
+    def moments(name, v):
+        return {k: t.reshape(scalar_shape) if name in scalars and k != "step" else t for k, t in v.items()}
+    return {"state": {key(p): moments(p if isinstance(p, str) else key(p), v) for p, v in osd["state"].items()},
+            "param_groups": [dict(g, params=[key(p) for p in g["params"]]) for g in osd["param_groups"]]}
+
+
 optimizer = torch.optim.AdamW(
     [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
     lr=learning_rate, betas=(beta1, beta2), fused=device_type == "cuda")
 if checkpoint is not None:
     if fsdp:   # positions -> parameter names, which set_optimizer_state_dict shards to each rank
-        osd = checkpoint["optimizer"]
-        as_run = lambda n, v: {k: t.reshape(1) if n in scalars and k != "step" else t for k, t in v.items()}  # noqa: E731
-        set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True), optim_state_dict={
-            "state": {param_order[i]: as_run(param_order[i], v) for i, v in osd["state"].items()},
-            "param_groups": [dict(g, params=[param_order[i] for i in g["params"]]) for g in osd["param_groups"]]})
+        set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
+                                 optim_state_dict=rekey(checkpoint["optimizer"], param_order.__getitem__, (1,)))
     else:
         optimizer.load_state_dict(checkpoint["optimizer"])
     iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
@@ -398,10 +406,7 @@ def full_state(with_optimizer):
     model_sd.update({n: model_sd[n].reshape(()) for n in scalars if n in model_sd})   # 0-d again
     if not with_optimizer:
         return model_sd, None
-    pos = {n: i for i, n in enumerate(param_order)}
-    as_saved = lambda n, v: {k: t.reshape(()) if n in scalars and k != "step" else t for k, t in v.items()}  # noqa: E731
-    return model_sd, {"state": {pos[n]: as_saved(n, v) for n, v in osd["state"].items()},
-                      "param_groups": [dict(g, params=[pos[n] for n in g["params"]]) for g in osd["param_groups"]]}
+    return model_sd, rekey(osd, param_order.index, ())
 
 
 def save_checkpoint(path):

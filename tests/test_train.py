@@ -14,6 +14,7 @@ import torch
 from conftest import ROOT, read_log, run_train
 from configurator import ConfigError, apply_config
 from model import MODEL_FIELDS, ModelConfig, build_model
+from plan import train_defaults
 
 
 # --- prepare.py ------------------------------------------------------------------------------------
@@ -149,21 +150,6 @@ def test_hrm_clip_is_K_over_M(data_dir, tmp_path):
 
 
 # --- every config in config/ ---------------------------------------------------------------------
-
-def train_defaults():
-    """train.py's config globals, read without running it."""
-    tree = ast.parse(open(os.path.join(ROOT, "train.py")).read())
-    out = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            if node.targets[0].id == "config":
-                break
-            try:
-                out[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass
-    return out
-
 
 def paper_size(arch, d, n_layer, V=50257):
     if arch == "hrm":
