@@ -41,6 +41,8 @@ def test_fsdp_matches_one_process_and_resumes_exactly(data_dir, tmp_path):
     assert ckpt["model"].keys() == single["model"].keys()            # the one format: full tensors, same names
     assert all(ckpt["model"][k].shape == single["model"][k].shape for k in single["model"])   # alpha, tau 0-d
     assert sorted(ckpt["optimizer"]["state"]) == sorted(single["optimizer"]["state"])         # positional keys
+    assert all(ckpt["optimizer"]["state"][i][k].shape == v.shape                    # alpha's moments 0-d too
+               for i, st in single["optimizer"]["state"].items() for k, v in st.items())
     model_from_checkpoint(ckpt)                                       # sample.py and analyze.py load it
     run_train(HRM + ["--max_iters=6", "--fsdp=True", "--init_from=resume"], data_dir, part, nproc=2)
     res = losses(part)
