@@ -14,21 +14,15 @@ Steps are numbered i = 1..M as in model.py (H fires when i % T == 0); the paper'
 import argparse
 import json
 import os
-import sys
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from configurator import HelpFormatter, run_main
-from model import load_checkpoint, model_from_checkpoint
+from checkpoint import CKPT_BEST, load_checkpoint, model_from_checkpoint
+from common import HelpFormatter, check_device, fail
 from prepare import check_dataset
-
-
-def fail(msg):
-    """Stop with one line, as sys.exit(msg) does; run as a script: on stderr, exit status 2 (see the end)."""
-    sys.exit(f"analyze.py: error: {msg}")
 
 
 def load(out_dir, ckpt, device):
@@ -141,7 +135,7 @@ def step_stats(model, batches, device):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--out_dir", required=True, help="a train.py out_dir holding an HRM checkpoint")
-    ap.add_argument("--ckpt", default="ckpt.pt", help="checkpoint file in out_dir")
+    ap.add_argument("--ckpt", default=CKPT_BEST, help="checkpoint file in out_dir")
     ap.add_argument("--data_dir", default=None, help="default: the data_dir the model was trained with")
     ap.add_argument("--batches", type=int, default=8, help="validation batches")
     ap.add_argument("--batch_size", type=int, default=1, help="sequences per batch (the paper: 8 x 1)")
@@ -153,11 +147,9 @@ def main(argv=None):
         if getattr(args, key) < 1:
             fail(f"--{key} must be >= 1, got {getattr(args, key)}")
     try:
-        torch.device(args.device)
-    except RuntimeError:
-        fail(f"--device {args.device!r} is not a device; use cpu or cuda")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        fail(f"--device={args.device} but CUDA is not available on this machine; use --device=cpu")
+        check_device(args.device)
+    except ValueError as e:
+        fail(str(e))
     if args.json:   # a missing folder would lose the results at the very end
         folder = os.path.dirname(os.path.abspath(args.json))
         if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
@@ -192,4 +184,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_main(main)
+    main()

@@ -6,7 +6,7 @@ measured side by side in one run on this machine.
     python bench.py --preset=paper                           # d=4096, seq 1024, bf16: for a GPU
     python bench.py --preset=cpu --models=hrm_nt12,tf_l4     # a subset
     python bench.py --preset=cpu --models=hrm_nt12 --compile # torch.compile'd forward (a minute per model)
-    python bench.py --preset=cpu --models=beyond             # the options beyond the paper (SPEC section 8)
+    python bench.py --preset=cpu --models=beyond             # the options beyond the paper (docs/MODEL.md section 8)
 
 For every model, each phase runs in a fresh process, so that on the CPU the peak resident
 memory of the process is that model's alone (on CUDA: torch.cuda.max_memory_allocated).
@@ -29,7 +29,6 @@ Model weights are random: latency and memory do not depend on their values.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -37,8 +36,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from configurator import DTYPES, HelpFormatter, auto_device, precision_context, run_main
-from model import ModelConfig, build_model, fast_attn_schedule
+from common import DTYPES, HelpFormatter, auto_device, check_device, fail, precision_context, sync, timed
+from flops import counted_train_flops, datasheet_tflops, measure_peak_tflops, train_flops
+from model import ModelConfig, build_model
 
 V = 50257
 # the paper's Latency/GenSpeed rows (d=4096 unless noted)
@@ -49,7 +49,7 @@ PAPER = {
     "hrm_nt12": dict(arch="hrm", N=4, T=3, K=2), "hrm_nt36": dict(arch="hrm", N=12, T=3, K=2, n_embd=2048),
     "unitf_m12": dict(arch="unitf", M=12, K=2),
 }
-# the options beyond the paper (SPEC section 8), measured only when named (--models=beyond: all of them)
+# the options beyond the paper (docs/MODEL.md section 8), measured only when named (--models=beyond: all of them)
 BEYOND = {
     "hrm_nt12_full": dict(arch="hrm", N=4, T=3, K=12),                           # full BPTT, K = M
     "hrm_nt12_gradckpt_full": dict(arch="hrm", N=4, T=3, K=12, grad_ckpt=True),  # the same, steps recomputed
@@ -75,8 +75,6 @@ PRESETS = {
                  train_reps=1, train_batch=1),
 }
 PROMPT, GEN = 64, 128
-DATASHEET_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "RTX 6000 Ada": 364.0,
-                         "A6000": 155.0, "4090": 165.0}
 
 
 def model_config(name, preset, **override):
@@ -86,11 +84,6 @@ def model_config(name, preset, **override):
     kw.update(override)
     return ModelConfig(vocab_size=kw.pop("vocab_size", p["vocab"]), block_size=max(p["seq"], PROMPT + GEN),
                        n_embd=d, n_head=p["n_head"], **kw)
-
-
-def sync(device):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def reset_peak(device):
@@ -117,18 +110,6 @@ def current_mb(device):
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def timed(fn, device, reps, warmup=None):
-    (warmup or fn)()
-    times = []
-    for _ in range(reps):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def decode_weights(model, prompt):
     """The weight matrices one cached decoding step multiplies by, in order: every nn.Linear as the
     model calls it (a shared block's weights once per application), then the tied output layer."""
@@ -145,58 +126,6 @@ def decode_weights(model, prompt):
         for h in hooks:
             h.remove()
     return ws + [model.wte.weight]
-
-
-def block_flops(cfg, batch, n):
-    """C: forward FLOPs of one CausalAttnBlock application over the batch (matmuls + attention)."""
-    d = cfg.n_embd
-    return batch * n * (2 * 16 * d * d + 4 * n * d)
-
-
-def train_flops(cfg, batch, n):
-    """The paper's model, S (M + 2K) C (UniTF: S = 1), from M steps forward and K of them backward (2 C
-    each). The options of SPEC section 8 add: a Fast step that skips attention costs B n 24 d^2 (no W_qkv,
-    W_o, scores); grad_ckpt runs every step with gradient once more; K_slow's firings outside the window
-    cost their backward (the paper's model leaves Slow firings out; so does this one otherwise)."""
-    C = block_flops(cfg, batch, n)
-    if cfg.arch == "transformer":
-        return 3 * cfg.n_layer * C
-    M, K = cfg.M, min(cfg.K, cfg.M)
-    back = 2 + cfg.grad_ckpt          # backward (+ recompute) FLOPs per forward FLOP of a step with gradient
-    attend = set(fast_attn_schedule(M, cfg.fast_attn_steps if cfg.arch == "hrm" else None))
-    pw = batch * n * 24 * cfg.n_embd ** 2
-    total = sum((C if i in attend else pw) * (1 + back * (i > M - K)) for i in range(1, M + 1))
-    if cfg.arch == "unitf":
-        return total
-    extra_firings = max(0, min(cfg.K_slow, cfg.N) - min(cfg.N, -(-K // cfg.T)))  # beyond the window's own
-    return cfg.S * (total + back * extra_firings * C)
-
-
-def counted_train_flops(cfg, batch, n):
-    """FLOPs of one training forward + backward of a (batch, n) micro-batch, counted by torch's own FLOP
-    counter (torch.utils.flop_counter) on the meta device, so nothing is allocated and a d=4096 model
-    counts in seconds. It counts what the model really runs: every matmul of the no-grad steps, the gates,
-    the Slow module, the fusion, the tied head and attention (causal SDPA counted as the full n x n). For
-    the Transformer it equals 6 N + 12 L n d per token (tests/test_bench.py)."""
-    from torch.utils.flop_counter import FlopCounterMode
-    with torch.device("meta"):
-        model = build_model(cfg)
-        x = torch.zeros(batch, n, dtype=torch.long)
-    with FlopCounterMode(display=False) as counter:
-        _, loss = model(x, x)
-        loss.backward()
-    return counter.get_total_flops()
-
-
-def device_peak_tflops(device, dtype):
-    """The peak MFU is measured against: the datasheet bf16 dense peak of a known GPU, else a matmul
-    peak measured now (a CPU has no useful datasheet figure)."""
-    if device.startswith("cuda") and dtype == torch.bfloat16:
-        name = torch.cuda.get_device_name(device)
-        sheet = next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in name), None)
-        if sheet:
-            return sheet
-    return measure_peak_tflops(device, dtype, None if device.startswith("cuda") else 1024)  # CPU: ~0.1 s
 
 
 def measure_inference(model, cfg, p, device, dtype, g, compile_forward):
@@ -292,15 +221,6 @@ def worker(phase, spec):
     return out
 
 
-def measure_peak_tflops(device, dtype, n=None):
-    """The machine's matmul peak, measured now: the median of several large (n x n) matmuls."""
-    n = n or (8192 if device.startswith("cuda") else 2048)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    dt = timed(lambda: a @ b, device, 10 if device.startswith("cuda") else 5)
-    return 2 * n ** 3 / dt / 1e12
-
-
 def run_worker(phase, spec):
     """One phase in a fresh process. With spec["mem_env"], glibc hands every block of 64 KiB or more back
     to the OS when it is freed, so that peak RSS counts live tensors, not heap fragmentation; that makes
@@ -317,11 +237,6 @@ def fmt(v, spec=".1f"):
     return "-" if v is None else format(v, spec)
 
 
-def fail(msg):
-    """Stop with one line, as sys.exit(msg) does; run as a script: on stderr, exit status 2 (see the end)."""
-    sys.exit(f"bench.py: error: {msg}")
-
-
 def check_output_path(path, flag):
     """Fail now, not after a whole run, when the results could not be written to `path`."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -333,24 +248,8 @@ def check_output_path(path, flag):
         fail(f"{flag} {path!r} is not writable")
 
 
-def check_device(device):
-    """A device this machine has, named in one line where it is not."""
-    try:
-        torch.device(device)
-    except RuntimeError:
-        fail(f"--device {device!r} is not a device; use auto, cpu or cuda")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        fail(f"--device={device} but CUDA is not available on this machine; use --device=cpu")
-
-
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if "--plan" in argv:   # the memory plan lives in plan.py; bench.py --plan is its other name
-        import plan
-        return plan.main([a for a in argv if a != "--plan"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--plan", action="store_true", help="python bench.py --plan config/X.py ... = python plan.py "
-                    "config/X.py ...: will a config fit on a GPU (per-GPU memory of one training iteration)")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="sizes: tiny (tests), cpu (this machine), paper (a GPU)")
     ap.add_argument("--models", default=",".join(PAPER), help="comma-separated subset of " + ",".join(ROWS) +
                     "; beyond = " + ",".join(BEYOND))
@@ -366,8 +265,10 @@ def main(argv=None):
         torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
         print(json.dumps(worker(args._worker, json.loads(args._spec))))
         return
-    device = auto_device(args.device)
-    check_device(device)
+    try:
+        device = check_device(auto_device(args.device))
+    except ValueError as e:
+        fail(str(e))
     names = [n for m in args.models.split(",") if m.strip() for n in (BEYOND if m.strip() == "beyond" else [m.strip()])]
     unknown = [m for m in names if m not in ROWS]
     if unknown:
@@ -382,8 +283,7 @@ def main(argv=None):
     dtype = DTYPES[p["dtype"]]
     peak = measure_peak_tflops(device, dtype)
     dev_name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)"
-    sheet = next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in dev_name), None) \
-        if device.startswith("cuda") else None
+    sheet = datasheet_tflops(device)
     print(f"# bench.py --preset={args.preset} on {dev_name}: d={p['d']}, seq={p['seq']}, vocab={p['vocab']}, "
           f"{p['dtype']}, " + ("forward compiled for latency and generation, " if args.compile else "") +
           f"measured matmul peak {peak:.2f} TFLOP/s" + (f", datasheet bf16 {sheet:.0f} TFLOP/s" if sheet else ""),
@@ -428,8 +328,8 @@ def main(argv=None):
           f"peak; KV cache for prompt {PROMPT} + {GEN} generated tokens. bound: what cached/recompute would be if "
           f"a cached token cost only its weight matrix-vector products (timed alone, in this run).")
     off = [r["model"] for r in results if abs(r["kv_cache_mb"] - r["kv_cache_formula_mb"]) > 1e-3 * r["kv_cache_mb"]]
-    print("KV cache sizes " + (f"DIFFER from SPEC section 5's formula for {off}" if off else
-                               "equal SPEC section 5's formula 2 * applications * n * d * bytes for every model"))
+    print("KV cache sizes " + (f"DIFFER from docs/MODEL.md section 5's formula for {off}" if off else
+                               "equal docs/MODEL.md section 5's formula 2 * applications * n * d * bytes for every model"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -437,4 +337,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_main(main)
+    main()

@@ -1,6 +1,6 @@
 """
-The tiny configurator shared by train.py, sample.py and bench.py (nanoGPT's, made strict),
-and the one place the scripts' "auto" device and dtype settings are resolved.
+The tiny configurator of train.py and sample.py (nanoGPT's, made strict), and the one reader of their
+settings blocks (read_settings: the defaults and comments, without running the script).
 
     python train.py config/X.py --batch_size=4 --compile=False
 
@@ -12,19 +12,12 @@ None only where the default is None. Any mistake stops the program with one line
 valid choices, or for a config file that raises, its own path and line.
 """
 
-import argparse
 import ast
 import glob
 import os
-import re
 import sys
 import traceback
 import types
-from contextlib import nullcontext
-
-import torch
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ConfigError(ValueError):
@@ -113,47 +106,42 @@ def apply_config(argv, config):
     return config
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """--help of the argparse scripts (prepare, plot, bench, analyze): the docstring as written, and every
-    option with its default."""
+def read_settings(path):
+    """A script's settings, read from its source without running it: {name: (default, comment)} for each
+    simple assignment `name = <literal>  # comment` above its `configure(...)` line, in order."""
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    lines, settings = source.splitlines(), {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                getattr(node.value.func, "id", "") == "configure":
+            break
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                default = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+            rest = lines[node.end_lineno - 1][node.end_col_offset:].strip()
+            settings[node.targets[0].id] = (default, rest[1:].strip() if rest.startswith("#") else "")
+    return settings
 
 
-def print_help(scope, keys, prog):
-    """--help for train.py and sample.py: the docstring, then each setting with its default and its
-    comment, read from the settings block of the script itself (the globals the configurator applies)."""
-    print((scope.get("__doc__") or "").strip() + "\n")
+def print_help(doc, settings, prog):
+    """--help for train.py and sample.py: the docstring, then each setting with its default and comment."""
+    print((doc or "").strip() + "\n")
     print(f"usage: python {prog} [config/FILE.py ...] [--key=value ...]\n\nsettings (default, what it does):")
-    comments = {}
-    for line in open(scope["__file__"]):
-        m = re.match(r"^(\w+)\s*=\s*(.*?)\s*(?:#\s*(.*))?$", line.rstrip())
-        if m and m.group(1) in keys and m.group(1) not in comments:
-            comments[m.group(1)] = m.group(3) or ""
-    width = max(len(f"--{k}={v!r}") for k, v in keys.items())
-    for k, v in keys.items():
-        if k in comments:  # settings only: not the modules' and helpers' names
-            print(f"  {f'--{k}={v!r}':<{width}}  {comments[k]}")
-
-
-def run_main(main):
-    """The argparse scripts' entry point: their main() stops on a usage or data error with
-    sys.exit("<script>.py: error: ..."), which code calling main() in-process can catch; run as a
-    script, that message is printed as its one line and the exit status is 2."""
-    try:
-        main()
-    except SystemExit as e:
-        if not isinstance(e.code, str):
-            raise
-        print(e.code, file=sys.stderr)
-        sys.exit(2)
+    width = max(len(f"--{k}={v!r}") for k, (v, _) in settings.items())
+    for k, (v, comment) in settings.items():
+        print(f"  {f'--{k}={v!r}':<{width}}  {comment}")
 
 
 def configure(scope, argv=None, prog=None):
     """apply_config on a script's globals; on error print one line and exit(2)."""
-    keys = {k: v for k, v in scope.items()
-            if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
+    settings = read_settings(scope["__file__"])
+    keys = {k: scope[k] for k in settings}   # the settings block: nothing imported, no helper
     argv = sys.argv[1:] if argv is None else argv
     if "--help" in argv or "-h" in argv:
-        print_help(scope, keys, prog or os.path.basename(sys.argv[0]))
+        print_help(scope.get("__doc__"), settings, prog or os.path.basename(sys.argv[0]))
         sys.exit(0)
     try:
         apply_config(argv, keys)
@@ -162,22 +150,3 @@ def configure(scope, argv=None, prog=None):
         sys.exit(2)
     scope.update(keys)
     return keys
-
-
-def auto_device(device):
-    """device="auto": "cuda" when a GPU is present, else "cpu"; any other value is kept."""
-    if device != "auto":
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def auto_dtype(dtype, device_type):
-    """dtype="auto": bfloat16 on a CUDA device that supports it, else float32; any other value is kept."""
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-
-
-def precision_context(device_type, dtype):
-    """The forward's precision: nothing for float32, else autocast to dtype (a DTYPES name)."""
-    return nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=DTYPES[dtype])

@@ -1,18 +1,21 @@
 """
-HRM-LM, the Transformer and the Universal Transformer (UniTF), in one file.
+HRM-LM, the Transformer and the Universal Transformer (UniTF), in one file, in the paper's order.
+Read it beside the paper ("Hierarchical vs. Flat Iteration in Shared-Weight Transformers") and
+docs/MODEL.md, which maps every equation to the code below and says how we resolve the paper's slips.
 
-Read it beside the paper ("Hierarchical vs. Flat Iteration in Shared-Weight
-Transformers") and ../shared/SPEC.md. The order below follows the paper:
-  1. the shared CausalAttnBlock (Eq. causal_attn), with RoPE and SwiGLU
-  2. the Fast module L_net (Eqs. concat, gate, content, lgate)
-  3. the Slow module H_net (section "Slow-Module Update")
-  4. the output fusion (section "Output Fusion")
-  5. HRM: input encoding, Algorithms 2 (forward) and 3 (one pass)
-  6. the baselines: Transformer (L independent blocks) and UniTF (one block, M times)
-  7. cached decoding (SPEC section 5), which the paper describes but never built
-Options beyond the paper (SPEC section 8), each off by default: norm, fast_only, and the paper's own
-future work -- K_slow (hierarchical BPTT), grad_ckpt (full BPTT at flat memory), fast_attn_steps (hybrid
-attention). Chunked BPTT needs no option: it is S = M/C passes of C steps with K = C (tests/test_model.py).
+  section of this file                          the paper                               docs/MODEL.md
+  1. CausalAttnBlock (RMSNorm, RoPE, SwiGLU)    Eq. causal_attn                         section 1
+  2. the Fast module L_net                      Eqs. concat, gate, content, lgate       section 2
+  3. the Slow module H_net                      section "Slow-Module Update"            section 2
+  4. the output fusion                          section "Output Fusion"                 section 2
+  5. HRM: HRM.forward, HRM.one_pass             Algorithms 2 and 3                      sections 2, 4
+  6. Transformer (L blocks), UniTF (1 block x M) the baselines, appendix "UniTF"        sections 3, 4
+  7. cached decoding: each application's slot  described, never built by the paper     section 5
+     (the cache and generate: engine.py)
+
+Options beyond the paper (docs/MODEL.md section 8) are ModelConfig fields whose defaults are the paper:
+norm, fast_only, K_slow (hierarchical BPTT), grad_ckpt (full BPTT at flat memory), fast_attn_steps
+(hybrid attention). Chunked BPTT needs none: it is S = M/C passes of C steps with K = C.
 """
 
 import math
@@ -23,6 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+import engine
 
 ARCHS = ("hrm", "transformer", "unitf")
 
@@ -49,51 +54,19 @@ class ModelConfig:
     fast_attn_steps: Optional[int] = None  # hrm: how many Fast steps attend (None: all M; 0: position-wise, RNN-style)
 
     def __post_init__(self):
-        def bad(field, why):
-            raise ValueError(f"ModelConfig.{field}: {why}")
-        if self.arch not in ARCHS:
-            bad("arch", f"unknown arch {self.arch!r}, expected one of {ARCHS}")
-        for f in ("vocab_size", "block_size", "n_embd", "n_head", "n_layer", "N", "T", "K", "S"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                bad(f, f"must be an integer >= 1, got {v!r}")
-        if self.n_embd % self.n_head:
-            bad("n_embd", f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        if (self.n_embd // self.n_head) % 2:
-            bad("n_head", f"head_dim={self.n_embd // self.n_head} must be even for RoPE")
-        if self.arch == "hrm":
-            if self.M is not None and self.M != self.N * self.T:
-                bad("M", f"for hrm M is N*T={self.N * self.T}; got M={self.M} (leave it None)")
-            self.M = self.N * self.T
-        elif self.M is None:
-            self.M = 12
-        if not isinstance(self.M, int) or self.M < 1:
-            bad("M", f"must be an integer >= 1, got {self.M!r}")
-        if self.norm not in ("post", "pre"):
-            bad("norm", f"must be 'post' (the paper) or 'pre', got {self.norm!r}")
-        if self.fast_only and self.arch != "hrm":
-            bad("fast_only", f"is an HRM control; arch={self.arch!r} has no Slow module to remove")
-        if not isinstance(self.K_slow, int) or isinstance(self.K_slow, bool) or self.K_slow < 0:
-            bad("K_slow", f"must be an integer >= 0 (0 = the paper), got {self.K_slow!r}")
-        if self.K_slow and (self.arch != "hrm" or self.fast_only):
-            bad("K_slow", f"needs a Slow module (arch='hrm', fast_only=False); got arch={self.arch!r}")
-        if not isinstance(self.grad_ckpt, bool) or (self.grad_ckpt and self.arch == "transformer"):
-            bad("grad_ckpt", f"must be True or False, and is for the recurrent archs hrm/unitf; got {self.grad_ckpt!r}")
-        k = self.fast_attn_steps
-        if k is not None and (self.arch != "hrm" or not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= self.M):
-            bad("fast_attn_steps", f"is None (all M steps attend) or an integer 0..M={self.M} for arch='hrm'; "
-                                   f"got {k!r} with arch={self.arch!r}")
-        if self.ent_lambda < 0:
-            bad("ent_lambda", f"must be >= 0, got {self.ent_lambda}")
-        if self.unitf_init_c <= 0:
-            bad("unitf_init_c", f"must be > 0, got {self.unitf_init_c}")
+        check_config(self)   # at the end of the file: the ranges, each error naming its field
+
+    @classmethod
+    def from_settings(cls, settings):
+        """The ModelConfig in a dict of train.py settings: every field is a setting of the same name."""
+        return cls(**{f: settings[f] for f in MODEL_FIELDS})
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig))
 
 
 # ---------------------------------------------------------------------------
-# 1. The shared block: CausalAttnBlock (Eq. causal_attn; SPEC section 1)
+# 1. The shared block: CausalAttnBlock (Eq. causal_attn; docs/MODEL.md section 1)
 #    a = MHSA_causal(x);  x' = RMSNorm(x + a);  x'' = RMSNorm(x' + SwiGLU(x'))
 # ---------------------------------------------------------------------------
 
@@ -111,12 +84,9 @@ class RMSNorm(nn.Module):
 
 
 def rope_table(block_size, head_dim, base=10000.0):
-    """RoPE tables for positions 0..block_size-1, each (block_size, head_dim), rotate-half layout.
-
-    Returns cos and sin_rot: sin with its first half negated. Rotate-half RoPE is
-    x * cos + [-x2, x1] * sin (x1, x2 the two halves of a head); [-x2, x1] * sin equals
-    [x2, x1] * sin_rot exactly (a sign flip is exact), and [x2, x1] is one roll of x.
-    """
+    """RoPE tables (block_size, head_dim), rotate-half layout: cos, and sin_rot, sin with its first half
+    negated. Rotate-half RoPE is x cos + [-x2, x1] sin (x1, x2 the halves of a head), and [-x2, x1] sin
+    equals [x2, x1] sin_rot exactly, where [x2, x1] is one roll of x."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     ang = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq)
     ang = torch.cat([ang, ang], dim=-1)
@@ -176,9 +146,9 @@ class SwiGLU(nn.Module):
 
 
 class CausalAttnBlock(nn.Module):
-    """Post-norm block, 16d^2 + 2d parameters (SPEC section 1; the paper's 14d^2 is a slip).
+    """Post-norm block, 16d^2 + 2d parameters (the paper's 14d^2 is a slip: docs/MODEL.md section 1).
 
-    norm="pre" (SPEC section 8, not the paper) moves the same two RMSNorms inside the residual
+    norm="pre" (docs/MODEL.md section 8, not the paper) moves the same two RMSNorms inside the residual
     branches, x + attn(norm1(x)) then x + mlp(norm2(x)): the same parameters, a control for
     whether a result is about the architecture or about post-norm's trainability.
     """
@@ -193,7 +163,7 @@ class CausalAttnBlock(nn.Module):
 
     def forward(self, x, rope, cache=None, cache_slot=0):
         """cache_slot: this application's slot in the KV cache. cache_slot=None skips the attention sublayer, a = 0
-        (fast_attn_steps, SPEC section 8): x' = RMSNorm(x) post-norm, x' = x pre-norm; the rest is
+        (fast_attn_steps, docs/MODEL.md section 8): x' = RMSNorm(x) post-norm, x' = x pre-norm; the rest is
         unchanged, so the block becomes position-wise and needs no cache."""
         if self.pre:
             if cache_slot is not None:
@@ -225,7 +195,7 @@ class GatedModule(nn.Module):
 
     def forward(self, z, context, rope, cache=None, cache_slot=0):
         """z: the state this module updates; context: [z; other sources] along the last dim."""
-        c = self.norm(torch.cat(context, dim=-1))   # Eq. concat; the RMSNorm over it is SPEC's addition
+        c = self.norm(torch.cat(context, dim=-1))   # Eq. concat; the RMSNorm over it: docs/MODEL.md section 2
         g = torch.sigmoid(self.gate(c))              # Eq. gate
         h = self.block(self.proj_in(c), rope, cache, cache_slot)   # Eq. content
         return g * z + (1 - g) * self.alpha * self.proj_out(h)      # Eq. lgate
@@ -289,7 +259,7 @@ class LanguageModel(nn.Module):
         return self.rope_cos, self.rope_sin_rot
 
     def _init_weights(self):
-        """N(0, 0.02) for every linear and embedding weight (SPEC section 4)."""
+        """N(0, 0.02) for every linear and embedding weight (docs/MODEL.md section 4)."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, mean=0.0, std=0.02)
@@ -310,21 +280,21 @@ class LanguageModel(nn.Module):
         raise NotImplementedError
 
     def _step(self, module, *args):
-        """One recurrent step, module(*args). With grad_ckpt (SPEC section 8) a step that carries gradient
+        """One recurrent step, module(*args). With grad_ckpt (docs/MODEL.md section 8) a step that carries gradient
         keeps only its inputs, the states between steps, and is recomputed in backward (non-reentrant)."""
         if self.config.grad_ckpt and torch.is_grad_enabled():
             return checkpoint(module, *args, use_reentrant=False)
         return module(*args)
 
-    # cached decoding (section 7 below)
+    # 7. cached decoding: the cache and the sampling loop are engine.py's (docs/MODEL.md section 5)
     def kv_cache_bytes(self, seq_len, batch_size=1, dtype=torch.float32):
-        return kv_cache_bytes(self, seq_len, batch_size, dtype)
+        return engine.kv_cache_bytes(self, seq_len, batch_size, dtype)
 
     def new_cache(self, batch_size, max_len=None, dtype=None):
-        return new_cache(self, batch_size, max_len, dtype)
+        return engine.new_cache(self, batch_size, max_len, dtype)
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        return generate(self, idx, max_new_tokens, temperature, top_k, use_cache)
+        return engine.generate(self, idx, max_new_tokens, temperature, top_k, use_cache)
 
     def _tied_head(self, x, targets, cache, last_only):
         """After the last block: advance the cache past these positions, tied logits, CE loss."""
@@ -332,7 +302,7 @@ class LanguageModel(nn.Module):
             cache.pos += x.size(1)
         if last_only:
             x = x[:, -1:]
-        if self.norm_f is not None:   # norm="pre" only (SPEC section 8)
+        if self.norm_f is not None:   # norm="pre" only (docs/MODEL.md section 8)
             x = self.norm_f(x)
         logits = x @ self.wte.weight.T
         return logits, (self.cross_entropy(logits, targets) if targets is not None else None)
@@ -343,7 +313,7 @@ class LanguageModel(nn.Module):
 
 
 # ---------------------------------------------------------------------------
-# 5. HRM (SPEC section 2): input encoding, Algorithm 2 (forward), Algorithm 3 (one pass)
+# 5. HRM (docs/MODEL.md section 2): input encoding, Algorithm 2 (forward), Algorithm 3 (one pass)
 # ---------------------------------------------------------------------------
 
 def fast_attn_schedule(M, k):
@@ -427,7 +397,7 @@ class HRM(LanguageModel):
     def one_pass(self, x_tilde, z_L, z_H, s=0, cache=None):
         """Algorithm 3: M steps; steps 1..M-K without gradient (Loop 4a), the last K with (Loop 4b).
 
-        K_slow = k >= 1 (SPEC section 8; the paper's "Hierarchical BPTT", section "Path to Large-Scale
+        K_slow = k >= 1 (docs/MODEL.md section 8; the paper's "Hierarchical BPTT", section "Path to Large-Scale
         Validation") also applies Slow firings j > N - k with gradient. Exactly these carry gradient then:
           - z_L of Fast steps i > M - K (the Fast window), as in the paper; earlier Fast steps stay no_grad
             even when the z_H they read has gradient, so nothing of theirs is kept;
@@ -452,7 +422,7 @@ class HRM(LanguageModel):
 
 
 # ---------------------------------------------------------------------------
-# 6. Baselines (SPEC section 3)
+# 6. Baselines (docs/MODEL.md section 3)
 # ---------------------------------------------------------------------------
 
 class Transformer(LanguageModel):
@@ -499,140 +469,51 @@ class UniTF(LanguageModel):
         return self._tied_head(x, targets, cache, last_only)
 
 
-# ---------------------------------------------------------------------------
-# 7. Cached decoding (SPEC section 5), which the paper describes but never built.
-#    A shared block sees a different input at every step, so every block *application* keeps its own
-#    keys and values: 1 + S M + S N slots for HRM, L for the Transformer, M for UniTF.
-# ---------------------------------------------------------------------------
-
-class KVCache:
-    """Preallocated keys and values, one slot per block *application* (SPEC section 5).
-
-    A shared-weight block sees a different input at every step, so every step writes
-    its own keys: slot `slot` holds the keys and values of block application number `slot`
-    (HRM's numbering: HRM.fast_cache_slot and HRM.slow_cache_slot).
-    `pos` is how many positions are already cached; the model advances it after a forward.
-    """
-
-    def __init__(self, n_apps, batch_size, n_head, max_len, head_dim, device, dtype):
-        shape = (n_apps, batch_size, n_head, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)  # views, made once: decoding is op-bound
-        self.max_len = max_len
-        self.pos = 0
-
-    def update(self, slot, k, v):
-        """Write keys/values (B, H, t, hd) of positions pos..pos+t for one application, return all so far."""
-        t = k.size(2)
-        if self.pos + t > self.max_len:
-            raise ValueError(f"KV cache full: {self.pos} + {t} > {self.max_len}")
-        k_slot, v_slot = self.k_slots[slot], self.v_slots[slot]
-        k_slot.narrow(2, self.pos, t).copy_(k)  # copy_ converts to the cache's dtype
-        v_slot.narrow(2, self.pos, t).copy_(v)
-        return k_slot.narrow(2, 0, self.pos + t), v_slot.narrow(2, 0, self.pos + t)
-
-    def nbytes(self):
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
-
-
-def kv_cache_bytes(model, seq_len, batch_size=1, dtype=torch.float32):
-    """Size of a full KV cache: 2 * applications * n * d * bytes per sequence (SPEC section 5)."""
-    nbytes = torch.tensor([], dtype=dtype).element_size()
-    return 2 * model.n_cache_apps() * seq_len * model.config.n_embd * nbytes * batch_size
-
-
-def new_cache(model, batch_size, max_len=None, dtype=None):
-    """An empty cache, preallocated for max_len (default block_size) positions of every application."""
-    c = model.config
-    max_len = c.block_size if max_len is None else min(max_len, c.block_size)
-    if dtype is None:
-        dev = model.wte.weight.device.type
-        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else model.wte.weight.dtype
-    return KVCache(model.n_cache_apps(), batch_size, c.n_head, max_len, c.n_embd // c.n_head,
-                   model.wte.weight.device, dtype)
-
-
-@torch.no_grad()
-def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-    """Sample max_new_tokens after idx (B, t), as nanoGPT does; temperature=0 is greedy.
-
-    With use_cache, every block application decodes against its own preallocated cache
-    (RoPE offset by the cache length). When the context outgrows block_size it is cropped
-    to the last block_size tokens, which moves every position, so the cache is rebuilt
-    from the cropped context: from then on each token costs a full forward, and the
-    output stays identical to use_cache=False.
-    """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    bs = model.config.block_size
-    cache = model.new_cache(idx.size(0), max_len=idx.size(1) + max_new_tokens) if use_cache else None
-    next_input = idx[:, -bs:]          # what the next forward must process
-    for _ in range(max_new_tokens):
-        if cache is not None and cache.pos + next_input.size(1) > cache.max_len:
-            cache.pos = 0                  # rebuild from the cropped context
-            next_input = idx[:, -bs:]
-        logits, _ = model(next_input, cache=cache, last_only=True)
-        logits = logits[:, -1, :].float()
-        if temperature == 0:
-            idx_next = logits.argmax(dim=-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-        idx = torch.cat((idx, idx_next), dim=1)
-        next_input = idx_next if cache is not None else idx[:, -bs:]
-    return idx
-
-
 def build_model(config):
-    """The model for config.arch, initialised as SPEC section 4 says."""
+    """The model for config.arch, initialised as docs/MODEL.md section 4 says."""
     return {"hrm": HRM, "transformer": Transformer, "unitf": UniTF}[config.arch](config)
 
 
-def shard_units(model):
-    """The modules FSDP (train.py --fsdp) shards and gathers one at a time: each block with its own
-    projections; the rest (embedding, fusion, norms) is the root unit."""
-    if isinstance(model, HRM):
-        return [m for m in (model.input_block, model.L_net, model.H_net) if m is not None]
-    return list(model.blocks) if isinstance(model, Transformer) else [model.block]
+# ---------------------------------------------------------------------------
+# ModelConfig's ranges: bookkeeping, not the paper, so they come last. Every error names its field.
+# ---------------------------------------------------------------------------
 
+def check_config(c):
+    """Fill in M (HRM: N*T; UniTF: 12 unless given) and refuse what no model can be built from."""
+    def bad(field, why):
+        raise ValueError(f"ModelConfig.{field}: {why}")
 
-def load_checkpoint(path):
-    """A train.py checkpoint as a dict, loaded with weights_only=True (a pickle holding code never runs).
-    Every failure is a ValueError with one line that names the file and the problem."""
-    import os
-    import pickle
-    if not os.path.isfile(path):
-        raise ValueError(f"no checkpoint at {path}" + (" (it is a folder)" if os.path.isdir(path) else ""))
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # torch's own message advises weights_only=False: never do that here
-        raise ValueError(f"{path} holds Python objects other than tensors and was not loaded "
-                         f"(not a train.py checkpoint, or unsafe)") from None
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ValueError(f"cannot load {path}: {type(e).__name__}: {first} (truncated or not a checkpoint)") from None
-    if not isinstance(ckpt, dict) or not {"model", "model_args"} <= ckpt.keys():
-        raise ValueError(f"{path} is not a train.py checkpoint (no 'model' and 'model_args' entries)")
-    return ckpt
-
-
-def model_from_checkpoint(ckpt, path="the checkpoint"):
-    """The model a train.py checkpoint holds (ckpt: the dict load_checkpoint returns). Refuses non-finite
-    weights: such a model only ever samples one token and trains with every step skipped."""
-    bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    if bad:
-        raise ValueError(f"{path} has non-finite weights in {len(bad)} tensor(s) ({', '.join(bad[:3])}"
-                         f"{', ...' if len(bad) > 3 else ''}); use an earlier checkpoint")
-    try:
-        model = build_model(ModelConfig(**ckpt["model_args"]))
-        model.load_state_dict(ckpt["model"])
-    except (TypeError, ValueError, RuntimeError) as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ValueError(f"{path} does not build a model: {type(e).__name__}: {first}") from None
-    return model
+    def is_int(v, least):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= least
+    if c.arch not in ARCHS:
+        bad("arch", f"unknown arch {c.arch!r}, expected one of {ARCHS}")
+    for f in ("vocab_size", "block_size", "n_embd", "n_head", "n_layer", "N", "T", "K", "S"):
+        if not is_int(getattr(c, f), 1):
+            bad(f, f"must be an integer >= 1, got {getattr(c, f)!r}")
+    if c.n_embd % c.n_head:
+        bad("n_embd", f"n_embd={c.n_embd} is not divisible by n_head={c.n_head}")
+    if (c.n_embd // c.n_head) % 2:
+        bad("n_head", f"head_dim={c.n_embd // c.n_head} must be even for RoPE")
+    if c.arch == "hrm" and c.M not in (None, c.N * c.T):
+        bad("M", f"for hrm M is N*T={c.N * c.T}; got M={c.M} (leave it None)")
+    c.M = c.N * c.T if c.arch == "hrm" else 12 if c.M is None else c.M
+    if not is_int(c.M, 1):
+        bad("M", f"must be an integer >= 1, got {c.M!r}")
+    if c.norm not in ("post", "pre"):
+        bad("norm", f"must be 'post' (the paper) or 'pre', got {c.norm!r}")
+    if c.fast_only and c.arch != "hrm":
+        bad("fast_only", f"is an HRM control; arch={c.arch!r} has no Slow module to remove")
+    if not is_int(c.K_slow, 0):
+        bad("K_slow", f"must be an integer >= 0 (0 = the paper), got {c.K_slow!r}")
+    if c.K_slow and (c.arch != "hrm" or c.fast_only):
+        bad("K_slow", f"needs a Slow module (arch='hrm', fast_only=False); got arch={c.arch!r}")
+    if not isinstance(c.grad_ckpt, bool) or (c.grad_ckpt and c.arch == "transformer"):
+        bad("grad_ckpt", f"must be True or False, and is for the recurrent archs hrm/unitf; got {c.grad_ckpt!r}")
+    k = c.fast_attn_steps
+    if k is not None and (c.arch != "hrm" or not is_int(k, 0) or k > c.M):
+        bad("fast_attn_steps", f"is None (all M steps attend) or an integer 0..M={c.M} for arch='hrm'; "
+                               f"got {k!r} with arch={c.arch!r}")
+    if not (math.isfinite(c.ent_lambda) and c.ent_lambda >= 0):
+        bad("ent_lambda", f"must be finite and >= 0, got {c.ent_lambda}")
+    if not (math.isfinite(c.unitf_init_c) and c.unitf_init_c > 0):
+        bad("unitf_init_c", f"must be finite and > 0, got {c.unitf_init_c}")

@@ -3,7 +3,7 @@ Will it fit? The per-GPU memory of one training iteration of a train.py config, 
 without allocating it, before anyone spends GPU hours:
 
     python plan.py config/equalparam_nt12.py config/tfbaseline_tf_l12.py --gpu_mem_gb=80
-    python bench.py --plan config/equalparam_nt12.py --gpu_mem_gb=96     # the same
+    python plan.py config/equalparam_nt12.py --gpu_mem_gb=96 --world_size=8
 
 For each config, at its own sizes (train.py's defaults plus the file, as train.py reads them; the world size
 is the paper's 6 GPUs unless --world_size says otherwise), it prints per GPU:
@@ -35,9 +35,9 @@ torch.compile's buffers. tests/test_plan.py checks the method against one real f
 """
 
 import argparse
-import ast
+import json
+import math
 import os
-import sys
 import weakref
 
 import torch
@@ -46,27 +46,18 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from configurator import ConfigError, HelpFormatter, apply_config, run_main
-from model import MODEL_FIELDS, ModelConfig, build_model, shard_units
+from common import HelpFormatter, fail
+from configurator import ConfigError, apply_config, read_settings
+from model import ModelConfig, build_model
+from parallel import shard_units
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 GB = 1e9
 
 
 def train_defaults():
-    """train.py's settings and their defaults, read without running it: the simple assignments above its
-    `config = configure(...)` line."""
-    config = {}
-    for node in ast.parse(open(os.path.join(ROOT, "train.py")).read()).body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
-                getattr(node.value.func, "id", "") == "configure":
-            break
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                config[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass
-    return config
+    """train.py's settings and their defaults, read without running it."""
+    return {k: default for k, (default, _) in read_settings(os.path.join(ROOT, "train.py")).items()}
 
 
 def train_settings(argv):
@@ -74,14 +65,8 @@ def train_settings(argv):
     config = apply_config(list(argv), train_defaults())
     if not config["vocab_size"]:
         meta = os.path.join(config["data_dir"], config["dataset"], "meta.json")
-        config["vocab_size"] = __import__("json").load(open(meta))["vocab_size"] if os.path.exists(meta) else 50257
+        config["vocab_size"] = json.load(open(meta))["vocab_size"] if os.path.exists(meta) else 50257
     return config
-
-
-def model_config(settings):
-    args = {k: settings[k] for k in MODEL_FIELDS}
-    args["M"] = settings["M"] if settings["arch"] == "unitf" else None
-    return ModelConfig(**args)
 
 
 # --- what a GPU does that the meta device does not ---------------------------------------------------
@@ -214,7 +199,7 @@ def gathered_params(model, arch):
 
 def plan(settings, world_size, gpu_bytes, reserve_bytes, micro_batch=None, fsdp=False):
     """The per-GPU memory of one iteration of these train.py settings (see the module docstring)."""
-    cfg = model_config(settings)
+    cfg = ModelConfig.from_settings(settings)
     dtype = torch.float32 if settings["dtype"] == "float32" else torch.bfloat16   # "auto" is bf16 on CUDA
     with torch.device("meta"):
         model = build_model(cfg)
@@ -281,7 +266,7 @@ def report(path, settings, world_size, gpu_gb, reserve_gb):
 def markdown(paths, world_size, gpu_gbs, reserve_gb):
     """README's "Will it fit?" table: one row per config, per GPU size what runs: "DDP" (the config as it is),
     "DDP micro-batch b" (--batch_size=b, gradient_accumulation_steps raised to keep the global batch), "FSDP"."""
-    print(f"| config | params | DDP GB/GPU | FSDP GB/GPU | " + " | ".join(f"{g:g} GB" for g in gpu_gbs) + " |")
+    print("| config | params | DDP GB/GPU | FSDP GB/GPU | " + " | ".join(f"{g:g} GB" for g in gpu_gbs) + " |")
     print("|---|---|---|---|" + "---|" * len(gpu_gbs))
     for path in paths:
         settings = train_settings([path])
@@ -312,24 +297,24 @@ def main(argv=None):
     args, overrides = ap.parse_known_args(argv)
     bad = [o for o in overrides if not o.startswith("--")]
     if bad:
-        sys.exit(f"plan.py: error: unexpected arguments {bad}")
-    if args.world_size < 1 or args.gpu_mem_gb <= 0 or args.reserve_gb < 0:
-        sys.exit("plan.py: error: --world_size >= 1, --gpu_mem_gb > 0 and --reserve_gb >= 0")
+        fail(f"unexpected arguments {bad}")
+    if args.world_size < 1 or not 0 < args.gpu_mem_gb < math.inf or not 0 <= args.reserve_gb < math.inf:
+        fail("--world_size >= 1, --gpu_mem_gb > 0 and --reserve_gb >= 0, each finite")
     if args.markdown:
         try:
             return markdown(args.configs, args.world_size, [float(g) for g in args.markdown.split(",")], args.reserve_gb)
         except (ConfigError, ValueError) as e:
-            sys.exit(f"plan.py: error: {e}")
+            fail(str(e))
     out = []
     for path in args.configs:
         try:
             settings = train_settings([path] + overrides)
-            model_config(settings)
+            ModelConfig.from_settings(settings)
             out.append(report(path, settings, args.world_size, args.gpu_mem_gb, args.reserve_gb))
         except (ConfigError, ValueError) as e:
-            sys.exit(f"plan.py: error: {e}")
+            fail(str(e))
     return out
 
 
 if __name__ == "__main__":
-    run_main(main)
+    main()

@@ -10,47 +10,23 @@ first run's dataset: what a model that knows only token frequencies scores.
 """
 
 import argparse
-import json
 import math
 import os
 import sys
 
-from configurator import HelpFormatter, run_main
+from checkpoint import CKPT_BEST, CKPT_LAST, LOG, read_log
+from common import HelpFormatter, fail
 
 
-def fail(msg):
-    """Stop with one line, as sys.exit(msg) does: a caller in-process can catch the SystemExit (and read the
-    line in it); run as a script, the line goes to stderr with exit status 2 (see the end of the file)."""
-    sys.exit(f"plot.py: error: {msg}")
-
-
-def read_log(out_dir):
-    """out_dir/log.jsonl as a list of dicts, one per iteration, sorted by iteration. Lines that are not
-    a JSON object with an integer "iter" (a run killed mid-write, a hand edit) are skipped and counted
-    in a note on stderr; a log with no valid line at all stops the program."""
-    path = os.path.join(out_dir, "log.jsonl")
-    if not os.path.isfile(path):
-        fail(f"{path} not found (is {out_dir!r} a train.py out_dir?)")
-    rows, skipped = [], 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except ValueError:
-                r = None
-            if isinstance(r, dict) and isinstance(r.get("iter"), int) and not isinstance(r["iter"], bool):
-                rows.append(r)
-            else:
-                skipped += 1
-    if not rows:
-        fail(f"{path} has no log lines" + (f" ({skipped} malformed)" if skipped else " (it is empty)") +
-             "; train.py writes one per evaluation")
+def load_log(out_dir):
+    """A run's log (checkpoint.read_log), with a note for the lines it skipped; one line if there is none."""
+    try:
+        rows, skipped = read_log(out_dir)
+    except ValueError as e:
+        fail(str(e))
     if skipped:
-        print(f"note: skipped {skipped} malformed line(s) in {path}", file=sys.stderr)
-    by_iter = {r["iter"]: r for r in rows}  # a resumed run may log an iteration again: keep the last
-    return [by_iter[i] for i in sorted(by_iter)]
+        print(f"note: skipped {skipped} malformed line(s) in {os.path.join(out_dir, LOG)}", file=sys.stderr)
+    return rows
 
 
 def finite(v):
@@ -63,7 +39,7 @@ def unigram_of(out_dir):
     try:
         import torch
         from prepare import unigram_ce
-        name = "ckpt.pt" if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else "ckpt_last.pt"
+        name = CKPT_BEST if os.path.exists(os.path.join(out_dir, CKPT_BEST)) else CKPT_LAST
         cfg = torch.load(os.path.join(out_dir, name), map_location="cpu", weights_only=True, mmap=True)["config"]
         if os.path.getsize(os.path.join(cfg["data_dir"], cfg["dataset"], "train.bin")) > 1 << 30:
             raise ValueError("too large to count here")  # OpenWebText: 18 GB to read for one line
@@ -89,7 +65,7 @@ def main(argv=None):
         fail(f"{len(labels)} labels for {len(args.runs)} runs")
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):   # before the work, not after it
         fail(f"--out {args.out!r}: the folder {os.path.dirname(args.out)!r} does not exist")
-    logs = [read_log(r) for r in args.runs]
+    logs = [load_log(r) for r in args.runs]
 
     import matplotlib
     import matplotlib.ticker
@@ -120,4 +96,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_main(main)
+    main()

@@ -31,21 +31,15 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from configurator import HelpFormatter, run_main
+from common import HelpFormatter, fail
 
-# sha256 of GPT-2's vocab.bpe and encoder.json (SPEC section 7; the same tiktoken checks)
+# sha256 of GPT-2's vocab.bpe and encoder.json (docs/MODEL.md section 7; the same tiktoken checks)
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 _ENC = None
 TOKENIZERS = ("gpt2", "char")                  # what get_codec can decode
 OURS = ("train.bin", "val.bin", "meta.json")   # what prepare.py writes into a dataset folder
 OURS_OLD = tuple(n + ".tmp" for n in OURS)     # the temporary names of earlier versions of prepare.py
-
-
-def fail(msg):
-    """Stop with one line, as sys.exit(msg) does: a caller in-process can catch the SystemExit (and read the
-    line in it); run as a script, the line goes to stderr with exit status 2 (see the end of the file)."""
-    sys.exit(f"prepare.py: error: {msg}")
 
 
 def get_tokenizer():
@@ -419,4 +413,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_main(main)
+    main()

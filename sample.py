@@ -4,7 +4,7 @@ Sample text from a checkpoint written by train.py.
     python sample.py --out_dir=out-shakespeare-hrm --start="ROMEO:" --max_new_tokens=100
     python sample.py --out_dir=out-shakespeare-hrm --temperature=0 --use_cache=False   # greedy, full recompute
 
-Decoding uses the per-application KV cache (model.py, SPEC section 5) unless --use_cache=False.
+Decoding uses the per-application KV cache (engine.py, docs/MODEL.md section 5) unless --use_cache=False.
 """
 
 import math
@@ -14,8 +14,9 @@ import time
 
 import torch
 
-from configurator import DTYPES, auto_device, auto_dtype, configure, precision_context
-from model import load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
+from common import DTYPES, auto_device, auto_dtype, check_device, fail, precision_context
+from configurator import configure
 from prepare import get_codec, load_meta
 
 # -----------------------------------------------------------------------------
@@ -35,11 +36,6 @@ use_cache = True             # cached decoding; False re-runs the whole context 
 configure(globals(), prog="sample.py")
 
 
-def fail(msg):
-    print(f"sample.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
 if init_from != "resume":
     fail(f"init_from must be 'resume' (a checkpoint in out_dir), got {init_from!r}")
 if temperature < 0 or not math.isfinite(temperature):
@@ -50,10 +46,11 @@ if top_k < 0:
     fail(f"top_k must be >= 1 (or 0 for no limit), got {top_k}")
 if num_samples < 1 or max_new_tokens < 0:
     fail("num_samples must be >= 1 and max_new_tokens >= 0")
-device = auto_device(device)
+try:
+    device = check_device(auto_device(device))
+except ValueError as e:
+    fail(str(e))
 device_type = "cuda" if device.startswith("cuda") else "cpu"
-if device_type == "cuda" and not torch.cuda.is_available():
-    fail(f"device={device!r} but CUDA is not available")
 dtype = auto_dtype(dtype, device_type)
 if dtype not in DTYPES:
     fail(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")

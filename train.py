@@ -16,21 +16,21 @@ own seeded generator, so a run gives the same numbers with 1 or W processes, and
 resume (the sampler's whole state is the iteration number).
 """
 
-import fcntl
-import json
 import math
 import os
-import signal
 import sys
 import time
 
 import numpy as np
 import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import DTYPES, auto_device, auto_dtype, configure, precision_context
-from model import MODEL_FIELDS, ModelConfig, build_model, load_checkpoint, shard_units
+import parallel
+from checkpoint import (CKPT_BEST, CKPT_LAST, append_log, check_resume, load_checkpoint, save_checkpoint,
+                        take_out_dir, trim_log)
+from common import DTYPES, auto_device, auto_dtype, check_device, fail, fmt_time, precision_context
+from configurator import configure
+from flops import counted_train_flops, device_peak_tflops
+from model import MODEL_FIELDS, ModelConfig, build_model
 from prepare import check_dataset
 
 # -----------------------------------------------------------------------------
@@ -71,7 +71,7 @@ fast_only = False            # hrm: the Fast module alone, no Slow module (a con
 K_slow = 0                   # hrm: the last K_slow Slow firings also carry gradient (0 = the paper; "hierarchical BPTT")
 grad_ckpt = False            # hrm/unitf: recompute the steps with gradient in backward (same gradients, flat memory)
 fast_attn_steps = None       # hrm: Fast steps that attend (None = all M, the paper; 0 = position-wise, RNN-style)
-# optimiser: AdamW, betas (0.9, 0.95), weight decay on matrices only (SPEC section 6)
+# optimiser: AdamW, betas (0.9, 0.95), weight decay on matrices only (docs/MODEL.md section 6)
 learning_rate = 1.5e-4       # peak learning rate (the paper's Ablation base)
 min_lr = 1.5e-5              # cosine floor (learning_rate / 10; a config that changes learning_rate sets it too)
 max_iters = 10000            # total iterations (the paper's 10k)
@@ -80,7 +80,7 @@ beta1 = 0.9                  # AdamW first-moment decay
 beta2 = 0.95                 # AdamW second-moment decay
 grad_clip = 1.0              # clip norm; HRM/UniTF use grad_clip * K / M (0 = off)
 decay_lr = True              # linear warmup then cosine; False = constant
-warmup_iters = 1000          # linear warmup (HRM: max(1000, N*T*100), SPEC section 6)
+warmup_iters = 1000          # linear warmup (HRM: max(1000, N*T*100), docs/MODEL.md section 6)
 lr_decay_iters = 0           # cosine reaches min_lr here (0 = max_iters)
 # system
 device = "auto"              # "auto" (cuda if present, else cpu), "cpu", "cuda", "cuda:1", ...
@@ -92,53 +92,14 @@ seed = 1337                  # everything random derives from this
 config = configure(globals(), prog="train.py")
 
 # --- process group -----------------------------------------------------------
-ddp = int(os.environ.get("RANK", -1)) != -1
-rank, local_rank, world_size = 0, 0, 1
-device = auto_device(device)
 try:
-    torch.device(device)
-except (RuntimeError, TypeError):
-    print(f"train.py: error: device={device!r} is not a device; use auto, cpu, cuda or cuda:<index>", file=sys.stderr)
-    sys.exit(2)
-if device.startswith("cuda") and not torch.cuda.is_available():
-    print(f"train.py: error: device={device!r} but CUDA is not available", file=sys.stderr)
-    sys.exit(2)
-if ddp:
-    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-    if device.startswith("cuda"):
-        device = f"cuda:{local_rank}"
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-master = rank == 0
+    device = check_device(auto_device(device))
+except ValueError as e:
+    fail(str(e))
+ranks = parallel.init_process_group(device)   # one process, or one rank of torchrun's (DDP/FSDP)
+device, master, world_size = ranks.device, ranks.master, ranks.world_size
 device_type = "cuda" if device.startswith("cuda") else "cpu"
 dtype = auto_dtype(dtype, device_type)
-
-
-errors = []  # config and data errors found before any work; see stop_on_errors()
-
-
-def fail(msg):
-    """Record an error found before work; stop_on_errors() stops every rank on it."""
-    errors.append(msg)
-
-
-def stop_on_errors():
-    """All ranks learn whether any rank found an error; each prints its own, one line each, and all
-    exit together (a rank that exited alone would be killed by torchrun with its siblings mid-print)."""
-    any_error = bool(errors)
-    if ddp:
-        everyone = [None] * world_size
-        dist.all_gather_object(everyone, errors)
-        any_error = any(everyone)
-    if not any_error:
-        return
-    for msg in errors:  # one write per line, so that lines from several ranks never interleave
-        sys.stderr.write(f"train.py: error{f' (rank {rank})' if ddp else ''}: {msg}\n")
-        sys.stderr.flush()
-    if ddp:
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.exit(2)
 
 
 def log(msg):
@@ -146,16 +107,17 @@ def log(msg):
         print(msg, flush=True)
 
 
-# --- everything checkable before work ----------------------------------------
+# --- everything checkable before work: each problem is one line, and every rank stops on it --------
+errors = []
 if dtype not in DTYPES:
-    fail(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    errors.append(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
 if init_from not in ("scratch", "resume"):
-    fail(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
-if fsdp and not ddp:
-    fail("fsdp=True shards the model over torchrun's processes: run it with torchrun --nproc_per_node=<GPUs> "
-         "(one process holds the whole model anyway)")
+    errors.append(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+if fsdp and not ranks.ddp:
+    errors.append("fsdp=True shards the model over torchrun's processes: run it with torchrun "
+                  "--nproc_per_node=<GPUs> (one process holds the whole model anyway)")
 if fsdp and dtype == "float16":
-    fail("fsdp=True trains in bfloat16 or float32 (float16 needs a sharded loss scaler); use --dtype=bfloat16")
+    errors.append("fsdp=True trains in bfloat16 or float32 (float16 needs a sharded loss scaler); use --dtype=bfloat16")
 if gradient_accumulation_steps >= 1 and gradient_accumulation_steps % world_size:
     # a config written for fewer ranks (the Shakespeare ones: 1 micro-batch of 8): split each micro-batch so
     # every rank gets whole ones and the global batch stays gradient_accumulation_steps * batch_size sequences
@@ -166,102 +128,73 @@ if gradient_accumulation_steps >= 1 and gradient_accumulation_steps % world_size
         gradient_accumulation_steps, batch_size = gradient_accumulation_steps * f, batch_size // f
         config.update(gradient_accumulation_steps=gradient_accumulation_steps, batch_size=batch_size)
 if gradient_accumulation_steps < 1 or gradient_accumulation_steps % world_size:
-    fail(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a positive multiple of "
-         f"the world size {world_size} (it counts global micro-batches)")
+    errors.append(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a positive multiple of "
+                  f"the world size {world_size} (it counts global micro-batches)")
 for key in ("batch_size", "max_iters", "eval_iters", "eval_interval", "log_interval", "max_nonfinite"):
     least = 0 if key == "max_iters" else 1
     if config[key] < least:
-        fail(f"{key} must be >= {least}, got {config[key]}")
+        errors.append(f"{key} must be >= {least}, got {config[key]}")
 for key in ("min_lr", "weight_decay", "grad_clip", "warmup_iters", "lr_decay_iters", "seed", "vocab_size"):
     if config[key] < 0:
-        fail(f"{key} must be >= 0, got {config[key]}")
+        errors.append(f"{key} must be >= 0, got {config[key]}")
 if not learning_rate > 0:
-    fail(f"learning_rate must be > 0, got {learning_rate}")
+    errors.append(f"learning_rate must be > 0, got {learning_rate}")
 for key in ("beta1", "beta2"):
     if not 0 <= config[key] < 1:
-        fail(f"{key} must be in [0, 1), got {config[key]}")
+        errors.append(f"{key} must be in [0, 1), got {config[key]}")
 data, meta = {}, None
 try:
     meta = check_dataset(data_dir, dataset)   # files present, whole uint16 tokens, sizes and ids as meta.json says
 except ValueError as e:
-    fail(str(e))
+    errors.append(str(e))
 else:
     for split in ("train", "val"):
         path = os.path.join(data_dir, dataset, f"{split}.bin")
         data[split] = np.memmap(path, dtype=np.uint16, mode="r")
         if len(data[split]) <= block_size + 1:
-            fail(f"block_size={block_size} needs more than {block_size + 1} tokens, but {path} holds {len(data[split])}")
+            errors.append(f"block_size={block_size} needs more than {block_size + 1} tokens, but {path} holds "
+                          f"{len(data[split])}")
 # the vocabulary is the dataset's: a config may leave vocab_size at 0 or repeat it, never contradict it
 data_vocab = meta["vocab_size"] if meta else 50257
 if vocab_size and vocab_size != data_vocab:
-    fail(f"vocab_size={vocab_size}, but {os.path.join(data_dir, dataset, 'meta.json')} says the dataset has "
-         f"{data_vocab} ({meta['tokenizer'] if meta else 'gpt2'}); leave vocab_size at 0 to take it from the data")
+    errors.append(f"vocab_size={vocab_size}, but {os.path.join(data_dir, dataset, 'meta.json')} says the dataset "
+                  f"has {data_vocab} ({meta['tokenizer'] if meta else 'gpt2'}); leave vocab_size at 0 to take it "
+                  f"from the data")
 vocab_size = config["vocab_size"] = data_vocab
-model_args = {k: config[k] for k in MODEL_FIELDS}
-model_args["M"] = M if arch == "unitf" else None
+model_args = {k: config[k] for k in MODEL_FIELDS}   # the settings of the model, as checkpoints keep them
 try:
-    model_config = ModelConfig(**model_args)
+    model_config = ModelConfig.from_settings(config)
 except ValueError as e:
-    fail(str(e))
-ckpt_last, ckpt_best = os.path.join(out_dir, "ckpt_last.pt"), os.path.join(out_dir, "ckpt.pt")
-log_path = os.path.join(out_dir, "log.jsonl")
-lock_file = None  # held (flock) for the whole run: one run per out_dir; the OS drops it when we die
-
-
-def take_out_dir():
-    """Create out_dir, lock it, and refuse to mix two runs in it. Master only; returns an error or None."""
-    global lock_file
-    if not out_dir:
-        return "out_dir is empty; give a folder, e.g. --out_dir=out"
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        return f"out_dir {out_dir!r} is a file, not a folder"
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        lock_file = open(os.path.join(out_dir, ".lock"), "a+")
-        probe = os.path.join(out_dir, f".write_test.{os.getpid()}")
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as e:
-        return f"cannot use out_dir {out_dir!r}: {e.strerror or e} (a file in its path, or not writable)"
-    try:
-        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        lock_file.seek(0)
-        holder = lock_file.read().strip() or "another process"
-        return f"out_dir {out_dir!r} is in use by another train.py run ({holder}); wait for it or use another out_dir"
-    lock_file.seek(0)
-    lock_file.truncate()
-    lock_file.write(f"pid {os.getpid()} on {os.uname().nodename}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
-    lock_file.flush()
-    for name in os.listdir(out_dir):  # temporaries of a save that crashed or was killed: we hold the lock
-        if name.startswith(("ckpt.pt.tmp.", "ckpt_last.pt.tmp.", "log.jsonl.tmp.")):
-            os.remove(os.path.join(out_dir, name))
-    held = [n for n in ("log.jsonl", "ckpt.pt", "ckpt_last.pt") if os.path.exists(os.path.join(out_dir, n))]
-    if init_from == "scratch" and held and not eval_only:
-        if not overwrite:
-            return (f"out_dir {out_dir!r} already holds a run ({', '.join(held)}); resume it with "
-                    f"--init_from=resume, replace it with --overwrite=True, or choose another --out_dir")
-        for n in held:
-            os.remove(os.path.join(out_dir, n))
-    if init_from == "resume" and not os.path.exists(ckpt_last):
-        return f"init_from='resume' but {ckpt_last} does not exist"
-    return None
-
-
+    errors.append(str(e))
+ckpt_last, ckpt_best = os.path.join(out_dir, CKPT_LAST), os.path.join(out_dir, CKPT_BEST)
+lock = None   # held (flock) for the whole run: one run per out_dir; the OS drops it when we die
 if master and not errors:
-    problem = take_out_dir()
+    lock, problem = take_out_dir(out_dir, init_from, overwrite, eval_only)
     if problem:
-        fail(problem)
-stop_on_errors()
+        errors.append(problem)
+parallel.stop_on_errors(errors, ranks)
+checkpoint = None
+if init_from == "resume":   # every rank loads it and checks it against its settings
+    try:
+        checkpoint = load_checkpoint(ckpt_last)
+    except ValueError as e:
+        errors.append(str(e))
+    else:
+        problems, notes = check_resume(checkpoint, ckpt_last, model_args, config, meta)
+        errors += problems
+        if notes and not errors:
+            log("note: resuming with changed settings (the schedule, not the data): " + ", ".join(notes))
+parallel.stop_on_errors(errors, ranks)
 
-# --- seeding and data ----------------------------------------------------------
+# --- data: micro-batch j of iteration i is a pure function of (seed, stream, i, j) ----------------------
 torch.manual_seed(seed)  # the model's init: identical on every rank
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 micro_per_rank = gradient_accumulation_steps // world_size
 
 
 def get_batch(split, stream, i, j):
-    """Micro-batch j of iteration i of a stream: a pure function of (seed, stream, i, j)."""
+    """Micro-batch j of iteration i of a stream (0: training, 1 and 2: evaluation), from its own generator:
+    the same tokens on any world size and after a resume (the sampler's whole state is the iteration)."""
     rng = np.random.default_rng([seed, stream, i, j])
     d = data[split]
     ix = rng.integers(0, len(d) - block_size - 1, size=batch_size)
@@ -272,110 +205,41 @@ def get_batch(split, stream, i, j):
     return x, y
 
 
-# --- model, optimiser, checkpoint -----------------------------------------------
+# --- model and optimiser ------------------------------------------------------------------------
 # best_val_loss starts at the step-0 evaluation: a model is "good" (ckpt.pt, the stop message) only if it
 # beats the initial one, so a diverged model with finite but huge weights never becomes the best
 iter_num, best_val_loss, best_iter, skipped_total = 0, float("inf"), None, 0
-checkpoint = None
-# Settings a resume must keep: they decide which tokens each iteration sees and how val is measured, so
-# changing them breaks exact resume. The others (max_iters, the learning-rate schedule, ...) may change.
-DATA_KEYS = ("dataset", "batch_size", "block_size", "seed", "gradient_accumulation_steps", "eval_iters")
-SILENT_KEYS = ("init_from", "out_dir", "data_dir", "overwrite", "device", "compile", "log_interval", "fsdp")
-if init_from == "resume":
-    try:
-        checkpoint = load_checkpoint(ckpt_last)
-    except ValueError as e:
-        fail(str(e))
-    else:
-        saved = checkpoint.get("model_args", {})
-        diff = {k: (saved.get(k, getattr(ModelConfig, k)), model_args[k]) for k in model_args
-                if saved.get(k, getattr(ModelConfig, k)) != model_args[k]}  # a key older than the file: its default
-        if diff:
-            fail(f"{ckpt_last} holds a different model: " +
-                 ", ".join(f"{k}={a!r} in the checkpoint vs {b!r} now" for k, (a, b) in diff.items()))
-        old = checkpoint.get("config", {})
-        changed = {k: (old[k], config[k]) for k in config if k in old and old[k] != config[k] and k not in MODEL_FIELDS}
-        data_diff = [f"{k}={a!r} in the checkpoint vs {b!r} now" for k, (a, b) in changed.items() if k in DATA_KEYS]
-        if (checkpoint.get("meta") or {}).get("tokens") and meta and meta.get("tokens") != checkpoint["meta"]["tokens"]:
-            data_diff.append(f"the dataset's token counts {checkpoint['meta']['tokens']} in the checkpoint vs "
-                             f"{meta.get('tokens')} now (prepared again?)")
-        if data_diff:
-            fail(f"cannot resume {ckpt_last} exactly: " + ", ".join(data_diff) +
-                 "; use the checkpoint's settings, or start a new run in another out_dir")
-        if "optimizer" not in checkpoint:
-            fail(f"{ckpt_last} holds no optimizer state, so training cannot resume from it exactly "
-                 f"(ckpt.pt is the weights-only copy for sampling; resume from ckpt_last.pt)")
-        bad = [k for k, v in checkpoint["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
-        if bad:
-            fail(f"{ckpt_last} has non-finite weights ({', '.join(bad[:3])}); it cannot train; use an earlier "
-                 f"checkpoint or start again")
-        notes = [f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items() if k not in DATA_KEYS + SILENT_KEYS]
-        if notes and not errors:
-            log("note: resuming with changed settings (the schedule, not the data): " + ", ".join(notes))
-stop_on_errors()
 model = build_model(model_config)
 if checkpoint is not None:
     model.load_state_dict(checkpoint["model"])
 model.to(device)
-if fsdp:
-    # FSDP2: each block (with its projections) is a unit gathered when it runs, the rest is the root. HRM's
-    # and UniTF's shared blocks run M times a pass, so they stay gathered through the forward (one all-gather,
-    # not M); a Transformer's blocks run once and are freed after their forward. The weights are gathered in
-    # float32 and autocast (ctx below) casts them, as under DDP: the same numbers as DDP, not bf16 states.
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict, set_optimizer_state_dict)
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
-    # fully_shard takes no 0-d parameter: alpha and tau become 1-element vectors for this run (they only
-    # broadcast, so every number is the same); checkpoints keep them 0-d, in the one format for all runs
-    scalars = [n for n, p in model.named_parameters() if p.dim() == 0]
-    for name in scalars:
-        owner, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(owner), attr, torch.nn.Parameter(model.get_parameter(name).detach().reshape(1)))
-    for unit in shard_units(model):
-        fully_shard(unit, mp_policy=mp, reshard_after_forward=arch == "transformer")
-    fully_shard(model, mp_policy=mp)
-    FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)   # checkpoints: one file, as without FSDP
-
+scalars = parallel.fully_shard_model(model) if fsdp else []   # FSDP2: weights, grads and AdamW state sharded
 decay = [p for p in model.parameters() if p.dim() >= 2]      # matrices and the embedding
 no_decay = [p for p in model.parameters() if p.dim() < 2]    # norms, alpha, tau
-# the checkpoint's optimizer state is keyed by position in this order (torch's own format), under FSDP too
-param_order = [n for n, p in model.named_parameters() if p.dim() >= 2] + \
-              [n for n, p in model.named_parameters() if p.dim() < 2]
-
-
-def rekey(osd, key, scalar_shape):
-    """An optimizer state dict with each parameter key p replaced by key(p) (positions <-> FSDP's names), the
-    AdamW moments of the 0-d parameters reshaped to scalar_shape ((1,) in an FSDP run, () in checkpoints)."""
-    def moments(name, v):
-        return {k: t.reshape(scalar_shape) if name in scalars and k != "step" else t for k, t in v.items()}
-    return {"state": {key(p): moments(p if isinstance(p, str) else key(p), v) for p, v in osd["state"].items()},
-            "param_groups": [dict(g, params=[key(p) for p in g["params"]]) for g in osd["param_groups"]]}
-
-
 optimizer = torch.optim.AdamW(
     [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
     lr=learning_rate, betas=(beta1, beta2), fused=device_type == "cuda")
 if checkpoint is not None:
-    if fsdp:   # positions -> parameter names, which set_optimizer_state_dict shards to each rank
-        set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
-                                 optim_state_dict=rekey(checkpoint["optimizer"], param_order.__getitem__, (1,)))
-    else:
-        optimizer.load_state_dict(checkpoint["optimizer"])
+    parallel.load_optimizer_state(model, optimizer, checkpoint["optimizer"], fsdp, scalars)
     iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     best_iter, skipped_total = checkpoint.get("best_iter"), checkpoint.get("skipped_total", 0)
+    if master:
+        trim_log(out_dir, iter_num)   # drop what a killed run logged after its checkpoint
+del checkpoint
+# No RNG state is saved: after the initialisation nothing draws from a global generator (no dropout; each
+# batch comes from its own generator), so a resume is exact without it.
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 ctx = precision_context(device_type, dtype)
-
-raw_model = model
+raw_model = model   # what is saved: uncompiled, unwrapped
 if compile:
     model = torch.compile(model)
-if ddp and not fsdp:   # gradients as views of DDP's buckets: one copy of them, not two
-    model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, gradient_as_bucket_view=True)
-
+model = parallel.wrap(model, ranks, fsdp)   # DDP under torchrun (FSDP is already in place)
 steps = model_config.M
 clip = grad_clip * min(K, steps) / steps if arch in ("hrm", "unitf") else grad_clip  # K/M-proportional
 decay_iters = lr_decay_iters or max_iters
+# MFU: the FLOPs of one iteration, counted once on the meta device, against the device's peak over all ranks
+flops_per_iter = counted_train_flops(model_config, batch_size, block_size) * gradient_accumulation_steps
+peak_flops = device_peak_tflops(device, DTYPES[dtype]) * 1e12 * world_size
 
 
 def get_lr(it):
@@ -390,89 +254,6 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-# No RNG state is saved: after the initialisation nothing draws from a global generator (no dropout; each
-# batch comes from its own generator seeded with (seed, stream, i, j)), so a resume is exact without it.
-
-
-def full_state(with_optimizer):
-    """The model's (and optimizer's) whole state, as one process holds it. Under FSDP every rank must call
-    this (it gathers the shards); the optimizer state goes back to torch's positional keys."""
-    if not fsdp:
-        return raw_model.state_dict(), optimizer.state_dict() if with_optimizer else None
-    model_sd = get_model_state_dict(raw_model, options=FULL)   # full on rank 0, empty on the others
-    osd = get_optimizer_state_dict(raw_model, optimizer, options=FULL) if with_optimizer else None
-    if not master:
-        return None, None
-    model_sd.update({n: model_sd[n].reshape(()) for n in scalars if n in model_sd})   # 0-d again
-    if not with_optimizer:
-        return model_sd, None
-    return model_sd, rekey(osd, param_order.index, ())
-
-
-def save_checkpoint(path):
-    """Atomic: write a temporary file beside the target, fsync, then os.replace. A failed save (disk full)
-    removes its temporary and stops the run with one line naming the checkpoints still intact.
-    ckpt.pt (the best model, for sampling) holds the weights only; ckpt_last.pt (for resume) everything.
-    Every rank calls it (FSDP gathers the shards); the master writes."""
-    if not master and not fsdp:
-        return
-    model_sd, optim_sd = full_state(path == ckpt_last)
-    if not master:
-        return
-    ckpt = {"model": model_sd, "model_args": model_args, "config": config, "iter_num": iter_num,
-            "best_val_loss": best_val_loss, "best_iter": best_iter, "meta": meta}
-    if path == ckpt_last:
-        ckpt.update(optimizer=optim_sd, skipped_total=skipped_total)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(ckpt, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        intact = [p for p in (ckpt_best, ckpt_last) if os.path.exists(p)]
-        sys.stderr.write(f"train.py: error: cannot save {path} at iter {iter_num}: {e.strerror or e}; "
-                         f"intact: {', '.join(intact) or 'no checkpoint'}\n")
-        os._exit(1)  # no cleanup that could block on a collective: the other ranks die with us under torchrun
-
-
-def trim_log(upto):
-    """On resume, drop log lines after the checkpoint's iteration (written before a kill that came ahead of
-    the checkpoint, so the resumed run logs them again) and any half-written line: one line per iteration."""
-    if not os.path.exists(log_path):
-        return
-    keep = []
-    with open(log_path) as f:
-        for line in f:
-            try:
-                if json.loads(line)["iter"] <= upto:
-                    keep.append(line if line.endswith("\n") else line + "\n")
-            except (ValueError, KeyError, TypeError):
-                pass
-    tmp = f"{log_path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.writelines(keep)
-    os.replace(tmp, log_path)
-
-
-if master and init_from == "resume":
-    trim_log(iter_num)
-
-
-del checkpoint
-
-
-def all_mean(values):
-    """Mean of a list of floats over the micro-batches of every rank."""
-    t = torch.tensor([sum(values), len(values)], dtype=torch.float64, device=device)
-    if ddp:
-        dist.all_reduce(t)
-    return (t[0] / t[1]).item()
-
-
 @torch.no_grad()
 def estimate_loss():
     """Final-pass CE (no entropy term) on eval_iters fixed batches per split, shared out over ranks."""
@@ -481,56 +262,33 @@ def estimate_loss():
     rounds = -(-eval_iters // world_size)  # FSDP: every rank runs as many forwards (each one gathers)
     for s, split in enumerate(("train", "val")):
         losses = []
-        for k in range(rank, rounds * world_size if fsdp else eval_iters, world_size):
+        for k in range(ranks.rank, rounds * world_size if fsdp else eval_iters, world_size):
             X, Y = get_batch(split, 1 + s, 0, k % eval_iters)  # the same batches at every eval, on any world size
             with ctx:
                 logits, _ = raw_model(X)
             if k < eval_iters:
                 losses.append(raw_model.cross_entropy(logits, Y).item())
-        out[split] = all_mean(losses)
+        out[split] = parallel.all_mean(losses, ranks)
     model.train()
     return out
 
 
-# --- signals: Ctrl-C (SIGINT) and SIGTERM save ckpt_last.pt at the current iteration, then exit ----------
-stop_signal = []
-
-
-def on_signal(signum, frame):
-    if stop_signal:  # a second one: quit now, without saving
-        sys.stderr.write(f"train.py: {signal.Signals(signum).name} again: quitting without saving\n")
-        os._exit(128 + signum)
-    stop_signal.append(signum)
+def save(path):
+    """ckpt.pt (the best model, for sampling) holds the weights and settings; ckpt_last.pt (for resume) also
+    the AdamW state. Every rank calls it (FSDP gathers the shards); the master writes, atomically."""
+    if not master and not fsdp:
+        return
+    model_sd, optim_sd = parallel.full_state(raw_model, optimizer, ranks, fsdp, scalars, path == ckpt_last)
     if master:
-        sys.stderr.write(f"train.py: {signal.Signals(signum).name}: saving at the end of this iteration "
-                         f"(send it again to quit without saving)\n")
+        ckpt = {"model": model_sd, "model_args": model_args, "config": config, "iter_num": iter_num,
+                "best_val_loss": best_val_loss, "best_iter": best_iter, "meta": meta}
+        if path == ckpt_last:
+            ckpt.update(optimizer=optim_sd, skipped_total=skipped_total)
+        save_checkpoint(path, ckpt)
 
 
-signal.signal(signal.SIGINT, on_signal)
-signal.signal(signal.SIGTERM, on_signal)
-
-
-def should_stop():
-    """Whether any rank got a signal (every rank must stop at the same iteration to save together)."""
-    if not ddp:
-        return bool(stop_signal)
-    flag = torch.tensor([len(stop_signal)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return flag.item() > 0
-
-
-# MFU: the FLOPs of one iteration counted once by torch's FLOP counter on the meta device (bench.py), against
-# the device's peak (a GPU's datasheet bf16 figure, else a matmul peak measured now), over all ranks
-from bench import counted_train_flops, device_peak_tflops  # noqa: E402
-flops_per_iter = counted_train_flops(model_config, batch_size, block_size) * gradient_accumulation_steps
-peak_flops = device_peak_tflops(device, DTYPES[dtype]) * 1e12 * world_size
-
-
-def fmt_time(sec):
-    return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.1f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
-
-
-# --- training loop -------------------------------------------------------------
+# --- training loop: Algorithm 1 (the model's forward is Algorithms 2-3, with the last-K window) ---------
+signals = parallel.StopSignals(ranks)   # Ctrl-C / SIGTERM: save ckpt_last.pt at the end of the iteration
 log(f"{arch}: {raw_model.num_params():,} parameters | {tokens_per_iter:,} tokens/iter "
     f"({gradient_accumulation_steps} x {batch_size} x {block_size}, {world_size} rank(s)) | "
     f"{device} {dtype} | clip {clip:.4g}")
@@ -541,22 +299,19 @@ while True:
     for group in optimizer.param_groups:
         group["lr"] = lr
 
-    # the iteration a resumed run starts at was evaluated and logged before the stop
+    # evaluate, log, checkpoint (the iteration a resumed run starts at was evaluated before the stop)
     resumed_here = init_from == "resume" and iter_num == start_iter and not eval_only
     if (iter_num % eval_interval == 0 or iter_num == max_iters) and not resumed_here:
         t_eval = time.time()
         losses = estimate_loss()
         finite = math.isfinite(losses["train"]) and math.isfinite(losses["val"])
-        if master:
-            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
-                  f"({time.time() - t_eval:.1f} s)", flush=True)
-        if master and not eval_only:
-            # the log line goes first; a kill before the checkpoints is undone by trim_log() on resume
-            with open(log_path, "a") as f:
-                f.write(json.dumps({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
-                                    "lr": lr, "grad_norm": last_grad_norm if math.isfinite(last_grad_norm) else None,
-                                    "time_s": round(time.time() - t_start, 3), "tokens": iter_num * tokens_per_iter,
-                                    "skipped": skipped_total}) + "\n")
+        log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
+            f"({time.time() - t_eval:.1f} s)")
+        if master and not eval_only:   # the log line goes first; trim_log() undoes it if the save never comes
+            append_log(out_dir, {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
+                                 "lr": lr, "grad_norm": last_grad_norm if math.isfinite(last_grad_norm) else None,
+                                 "time_s": round(time.time() - t_start, 3), "tokens": iter_num * tokens_per_iter,
+                                 "skipped": skipped_total})
         # every rank keeps the same best (the losses are global means) and takes part in the saves
         if not eval_only and finite and iter_num == 0 and best_iter is None:
             best_val_loss = losses["val"]  # the bar every "good" checkpoint must clear
@@ -564,35 +319,30 @@ while True:
             if losses["val"] < best_val_loss or always_save_checkpoint:
                 if losses["val"] < best_val_loss:
                     best_val_loss, best_iter = losses["val"], iter_num
-                save_checkpoint(ckpt_best)
-            save_checkpoint(ckpt_last)
+                save(ckpt_best)
+            save(ckpt_last)
         t0 += time.time() - t_eval  # keep evaluation out of ms/iter
     if eval_only or iter_num >= max_iters:
         break
-    if should_stop():  # after the due evaluation, so a resume from here skips nothing
-        save_checkpoint(ckpt_last)
+    if signals.requested():  # after the due evaluation, so a resume from here skips nothing
+        save(ckpt_last)
         if master:
-            sys.stderr.write(f"train.py: stopped by {signal.Signals(stop_signal[0]).name if stop_signal else 'a signal'} "
-                             f"at iter {iter_num}; saved {ckpt_last}; continue with --init_from=resume\n")
-        if ddp:
-            dist.destroy_process_group()
-        sys.exit(128 + (stop_signal[0] if stop_signal else signal.SIGTERM))
+            sys.stderr.write(f"train.py: stopped by {signals.name()} at iter {iter_num}; saved {ckpt_last}; "
+                             f"continue with --init_from=resume\n")
+        parallel.end_process_group(ranks)
+        sys.exit(signals.exit_code())
 
-    # forward/backward over this rank's share of the global micro-batches
+    # forward/backward over this rank's share of the global micro-batches (rank r: r, r+W, r+2W, ...)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for m_i in range(micro_per_rank):
-        j = rank + m_i * world_size  # rank r takes micro-batches r, r+W, r+2W, ...
-        X, Y = get_batch("train", 0, iter_num, j)
-        if fsdp:   # reduce the gradients once, after the last micro-batch
-            model.set_requires_gradient_sync(m_i == micro_per_rank - 1)
-        elif ddp:
-            model.require_backward_grad_sync = m_i == micro_per_rank - 1
+        X, Y = get_batch("train", 0, iter_num, ranks.rank + m_i * world_size)
+        parallel.no_sync_unless(model, ranks, fsdp, last=m_i == micro_per_rank - 1)
         with ctx:
             _, loss = model(X, Y)
         loss_sum += loss.detach().double()
         scaler.scale(loss / micro_per_rank).backward()  # DDP averages over ranks: the global mean
-    if ddp:
-        dist.all_reduce(loss_sum)
+    if ranks.ddp:
+        torch.distributed.all_reduce(loss_sum)
     scaler.unscale_(optimizer)
     total_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip if clip > 0 else float("inf"))
     if fsdp:
@@ -612,8 +362,7 @@ while True:
                     and os.path.exists(ckpt_best) else "none (no evaluation beat the initial model)")
             log(f"stopping at iter {iter_num}: {bad_in_row} non-finite iterations in a row "
                 f"(max_nonfinite={max_nonfinite}); last good checkpoint: {good}")
-            if ddp:
-                dist.destroy_process_group()
+            parallel.end_process_group(ranks)
             sys.exit(3)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
@@ -626,9 +375,7 @@ while True:
         left = elapsed / (iter_num - start_iter) * (max_iters - iter_num)
         log(f"iter {iter_num}/{max_iters} ({100 * iter_num / max(1, max_iters):.1f}%): loss {train_loss:.4f}, "
             f"lr {lr:.3e}, grad norm {grad_norm:.3f}, {dt * 1000:.1f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s, "
-            f"MFU {flops_per_iter / dt / peak_flops:.1%} | "
-            f"{fmt_time(elapsed)} elapsed, {fmt_time(left)} left")
+            f"MFU {flops_per_iter / dt / peak_flops:.1%} | {fmt_time(elapsed)} elapsed, {fmt_time(left)} left")
 
 log(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, {time.time() - t_start:.1f} s")
-if ddp:
-    dist.destroy_process_group()
+parallel.end_process_group(ranks)

@@ -41,7 +41,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from plot import read_log  # noqa: E402
+from plot import load_log  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep  # noqa: E402  (its runner)
 
@@ -69,14 +69,14 @@ def finished(out_dir, iters):
         return True
     if not os.path.exists(os.path.join(out_dir, "log.jsonl")):
         return False
-    return any(r["iter"] == iters for r in read_log(out_dir))
+    return any(r["iter"] == iters for r in load_log(out_dir))
 
 
 def final_val(out_dir, iters):
     """Validation CE at the last iteration; inf for a diverged or missing run."""
     if not finished(out_dir, iters) or os.path.exists(os.path.join(out_dir, "diverged")):
         return math.inf
-    v = [r for r in read_log(out_dir) if r["iter"] == iters][-1]["val_loss"]
+    v = [r for r in load_log(out_dir) if r["iter"] == iters][-1]["val_loss"]
     return v if v is not None and math.isfinite(v) else math.inf
 
 
@@ -100,7 +100,8 @@ def measure_worker(out_dir):
     """In a fresh process: one training iteration of the run's model (from its checkpoint's arguments, random
     weights: memory does not depend on them) at its batch shape; the peak it adds, as bench.py measures."""
     import torch
-    from bench import current_mb, peak_mb, reset_peak, timed
+    from bench import current_mb, peak_mb, reset_peak
+    from common import timed
     from model import ModelConfig, build_model
     torch.set_num_threads(1)
     ck = torch.load(os.path.join(out_dir, "ckpt_last.pt"), map_location="cpu", weights_only=True)
@@ -183,7 +184,7 @@ def draw(args, rows):
     import matplotlib.pyplot as plt
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=130)
     for c, v in enumerate(args.variants):
-        logs = [read_log(d) for d in (run_dir(args.out, v, s) for s in args.seeds) if finished(d, args.max_iters)]
+        logs = [load_log(d) for d in (run_dir(args.out, v, s) for s in args.seeds) if finished(d, args.max_iters)]
         if not logs:
             continue
         its = sorted(set.intersection(*[{r["iter"] for r in lg} for lg in logs]))

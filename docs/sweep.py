@@ -30,7 +30,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from plot import read_log  # noqa: E402
+from plot import load_log  # noqa: E402
 from prepare import unigram_ce  # noqa: E402
 
 OUT = "out-sweep"                          # every run's out_dir is under here
@@ -71,7 +71,7 @@ def finished(out_dir):
     if os.path.exists(os.path.join(out_dir, "diverged")):
         return True
     try:
-        return any(r["iter"] == max_iters(out_dir) for r in read_log(out_dir))
+        return any(r["iter"] == max_iters(out_dir) for r in load_log(out_dir))
     except SystemExit:
         return False
 
@@ -80,7 +80,7 @@ def final_val(out_dir):
     """Validation CE at the last iteration; inf for a diverged or missing run."""
     if not os.path.exists(os.path.join(out_dir, "log.jsonl")) or os.path.exists(os.path.join(out_dir, "diverged")):
         return math.inf
-    rows = [r for r in read_log(out_dir) if r["iter"] == max_iters(out_dir)]
+    rows = [r for r in load_log(out_dir) if r["iter"] == max_iters(out_dir)]
     v = rows[-1]["val_loss"] if rows else None
     return v if v is not None and math.isfinite(v) else math.inf
 
@@ -359,7 +359,7 @@ def draw(best, uni):
     for v in CHAR:
         if best.get(v) is None:
             continue
-        logs = [read_log(d) for d in (run_dir("char", v, best[v], s) for s in SEEDS)
+        logs = [load_log(d) for d in (run_dir("char", v, best[v], s) for s in SEEDS)
                 if os.path.exists(os.path.join(d, "log.jsonl")) and finished(d)]
         if not logs:
             continue

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from bench import counted_train_flops, run_worker, train_flops, model_config
+from bench import model_config, run_worker
+from flops import counted_train_flops, train_flops
 from conftest import ROOT
 
 

@@ -346,7 +346,7 @@ def test_prepare_settles_a_swap_cut_short(tmp_path, where):
 # --- plot.py ---------------------------------------------------------------------------------------
 
 def test_read_log_skips_malformed_lines(tmp_path, capsys):
-    from plot import read_log
+    from plot import load_log as read_log
     (tmp_path / "log.jsonl").write_text('{"iter": 4, "val_loss": 2.0}\n{"iter": 0, "val_loss": 5.0}\n'
                                         '{"iter": 2, "val_l\n[1, 2]\n\n{"iter": 2, "val_loss": 3.0}\n')
     assert [r["iter"] for r in read_log(str(tmp_path))] == [0, 2, 4]

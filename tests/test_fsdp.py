@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import read_log, run_train
-from model import load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
 
 HRM = ["--arch=hrm", "--N=2", "--T=2", "--K=2", "--gradient_accumulation_steps=2", "--eval_interval=3",
        "--lr_decay_iters=6"]

@@ -25,9 +25,13 @@ torchrun() {{ shift 2; "$PY" -m torch.distributed.run --standalone --nproc_per_n
 """
 
 
+DOCS = ["README.md", "docs/TRAINING.md", "docs/MEMORY.md", "docs/EXPERIMENTS.md"]   # pages with commands to run
+
+
 def readme_commands():
-    """The README's ```sh blocks, one command per entry (continuation lines and loops kept whole)."""
-    text = open(os.path.join(ROOT, "README.md")).read()
+    """The ```sh blocks of the README and the docs pages, one command per entry (continuation lines and loops
+    kept whole; a command two pages show is one entry)."""
+    text = "".join(open(os.path.join(ROOT, page)).read() for page in DOCS)
     cmds = []
     for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
         current = []
@@ -38,7 +42,7 @@ def readme_commands():
             if not line.rstrip().endswith("\\") and depth <= 0:
                 cmds.append("\n".join(current))
                 current = []
-    return cmds
+    return list(dict.fromkeys(cmds))
 
 
 def strip_pip(cmd):
@@ -50,7 +54,8 @@ FAST = ["config/shakespeare_hrm.py && python sample.py", "--learning_rate=1e-3 -
 SLOW = ["out-hps-hrm", "out-hps-tf", "out-ms-hrm",   # the HPSearch and MultiSeed loops: 22 torchrun runs
         "tfbaseline_tf_l12.py --batch_size=4",            # plain DDP, which the paper-config line in FAST runs
         "tfbaseline_tf_l12.py --fsdp=True",               # CI time: tests/test_fsdp.py runs FSDP in CI
-        "shakespeare_char && python train.py config/char_hrm.py"]   # CI time: test_repro's char train + sample
+        "shakespeare_char && python train.py config/char_hrm.py",   # CI time: test_repro's char train + sample
+        "--markdown=80,96"]                                          # docs/MEMORY.md's table: 32 configs planned
 
 
 def test_every_readme_command_is_covered():

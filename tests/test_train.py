@@ -13,7 +13,7 @@ import torch
 
 from conftest import ROOT, read_log, run_train
 from configurator import ConfigError, apply_config
-from model import MODEL_FIELDS, ModelConfig, build_model
+from model import ModelConfig, build_model
 from plan import train_defaults
 
 
@@ -176,15 +176,13 @@ def test_config_dir_covers_the_paper():
 @pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
 def test_config_loads_and_builds(path):
     cfg = apply_config([path], train_defaults())
-    args = {k: cfg[k] for k in MODEL_FIELDS}
-    args["M"] = (cfg["M"] or None) if cfg["arch"] == "unitf" else None
-    args["vocab_size"] = args["vocab_size"] or {"shakespeare_char": 80}.get(cfg["dataset"], 50257)  # 0: from meta.json
+    cfg["vocab_size"] = cfg["vocab_size"] or {"shakespeare_char": 80}.get(cfg["dataset"], 50257)  # 0: from meta.json
     with torch.device("meta"):
-        model = build_model(ModelConfig(**args))
+        model = build_model(ModelConfig.from_settings(cfg))
     n = model.num_params()
     H_net = 21 * cfg["n_embd"] ** 2 + 4 * cfg["n_embd"] + 1 if cfg["fast_only"] else 0  # the control has none
     extra = cfg["n_embd"] if cfg["norm"] == "pre" and cfg["arch"] != "hrm" else 0      # pre-norm's final norm
-    assert n == paper_size(cfg["arch"], cfg["n_embd"], cfg["n_layer"], V=args["vocab_size"]) - H_net + extra
+    assert n == paper_size(cfg["arch"], cfg["n_embd"], cfg["n_layer"], V=cfg["vocab_size"]) - H_net + extra
     name = os.path.basename(path)[:-3]
     if name in PAPER_ROWS:
         assert round(n / 1e6) == PAPER_ROWS[name]

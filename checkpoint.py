@@ -1,0 +1,217 @@
+"""
+The run folder (out_dir) train.py writes and sample.py, analyze.py and plot.py read:
+
+    out_dir/ckpt_last.pt   everything a resume needs (weights, AdamW state, settings, iteration), every eval
+    out_dir/ckpt.pt        the best model so far (weights and settings only, for sampling)
+    out_dir/log.jsonl      one JSON line per evaluation
+    out_dir/.lock          held (flock) by the train.py run using the folder
+
+Each function takes what it needs as arguments, so every script (and a test) can use it alone:
+  take_out_dir     lock the folder and refuse to mix two runs in it
+  save_checkpoint  atomic: a temporary file beside the target, fsync, os.replace
+  load_checkpoint  weights_only=True (no pickled code runs), one-line errors; model_from_checkpoint
+  check_resume     what differs between a checkpoint and the settings of the run resuming it
+  append_log, trim_log, read_log
+"""
+
+import fcntl
+import json
+import os
+import pickle
+import sys
+import time
+
+import torch
+
+from model import MODEL_FIELDS, ModelConfig, build_model
+
+CKPT_BEST, CKPT_LAST, LOG, LOCK = "ckpt.pt", "ckpt_last.pt", "log.jsonl", ".lock"
+RUN_FILES = (LOG, CKPT_BEST, CKPT_LAST)   # what makes a folder hold a run
+# Settings a resume must keep: they decide which tokens each iteration sees and how val is measured, so
+# changing them breaks exact resume. The others (max_iters, the learning-rate schedule, ...) may change.
+DATA_KEYS = ("dataset", "batch_size", "block_size", "seed", "gradient_accumulation_steps", "eval_iters")
+SILENT_KEYS = ("init_from", "out_dir", "data_dir", "overwrite", "device", "compile", "log_interval", "fsdp")
+
+
+def take_out_dir(out_dir, init_from, overwrite, eval_only):
+    """Create out_dir, lock it for this process, and refuse to mix two runs in it. Returns (the open lock
+    file, which the caller keeps for the whole run, None), or (None, one line saying why not)."""
+    if not out_dir:
+        return None, "out_dir is empty; give a folder, e.g. --out_dir=out"
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        return None, f"out_dir {out_dir!r} is a file, not a folder"
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lock = open(os.path.join(out_dir, LOCK), "a+")
+        probe = os.path.join(out_dir, f".write_test.{os.getpid()}")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        return None, f"cannot use out_dir {out_dir!r}: {e.strerror or e} (a file in its path, or not writable)"
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)   # the OS drops it when the process dies, however
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        return None, f"out_dir {out_dir!r} is in use by another train.py run ({holder}); wait for it or use another out_dir"
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()} on {os.uname().nodename}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    lock.flush()
+    for name in os.listdir(out_dir):  # temporaries of a save that crashed or was killed: we hold the lock
+        if name.startswith(tuple(f"{n}.tmp." for n in RUN_FILES)):
+            os.remove(os.path.join(out_dir, name))
+    held = [n for n in RUN_FILES if os.path.exists(os.path.join(out_dir, n))]
+    if init_from == "scratch" and held and not eval_only:
+        if not overwrite:
+            return None, (f"out_dir {out_dir!r} already holds a run ({', '.join(held)}); resume it with "
+                          f"--init_from=resume, replace it with --overwrite=True, or choose another --out_dir")
+        for n in held:
+            os.remove(os.path.join(out_dir, n))
+    if init_from == "resume" and not os.path.exists(os.path.join(out_dir, CKPT_LAST)):
+        return None, f"init_from='resume' but {os.path.join(out_dir, CKPT_LAST)} does not exist"
+    return lock, None
+
+
+def save_checkpoint(path, ckpt, prog="train.py"):
+    """Write ckpt to path atomically: a temporary file beside it, fsync, then os.replace, so a kill mid-save
+    leaves the previous file intact. A failed save (a full disk) removes its temporary and ends the process
+    at once (os._exit: nothing that could block on a collective; torchrun stops the other ranks) with one
+    line naming the checkpoints still intact."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        folder = os.path.dirname(path)
+        intact = [p for p in (os.path.join(folder, CKPT_BEST), os.path.join(folder, CKPT_LAST)) if os.path.exists(p)]
+        sys.stderr.write(f"{prog}: error: cannot save {path} at iter {ckpt.get('iter_num')}: {e.strerror or e}; "
+                         f"intact: {', '.join(intact) or 'no checkpoint'}\n")
+        os._exit(1)
+
+
+def load_checkpoint(path):
+    """A train.py checkpoint as a dict, loaded with weights_only=True (a pickle holding code never runs).
+    Every failure is a ValueError with one line that names the file and the problem."""
+    if not os.path.isfile(path):
+        raise ValueError(f"no checkpoint at {path}" + (" (it is a folder)" if os.path.isdir(path) else ""))
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's own message advises weights_only=False: never do that here
+        raise ValueError(f"{path} holds Python objects other than tensors and was not loaded "
+                         f"(not a train.py checkpoint, or unsafe)") from None
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"cannot load {path}: {type(e).__name__}: {first} (truncated or not a checkpoint)") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_args"} <= ckpt.keys():
+        raise ValueError(f"{path} is not a train.py checkpoint (no 'model' and 'model_args' entries)")
+    return ckpt
+
+
+def nonfinite_tensors(state_dict):
+    """Names of the floating-point tensors holding a NaN or Inf."""
+    return [k for k, v in state_dict.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+
+
+def model_from_checkpoint(ckpt, path="the checkpoint"):
+    """The model a train.py checkpoint holds (ckpt: the dict load_checkpoint returns). Refuses non-finite
+    weights: such a model only ever samples one token and trains with every step skipped."""
+    bad = nonfinite_tensors(ckpt["model"])
+    if bad:
+        raise ValueError(f"{path} has non-finite weights in {len(bad)} tensor(s) ({', '.join(bad[:3])}"
+                         f"{', ...' if len(bad) > 3 else ''}); use an earlier checkpoint")
+    try:
+        model = build_model(ModelConfig(**ckpt["model_args"]))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, ValueError, RuntimeError) as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"{path} does not build a model: {type(e).__name__}: {first}") from None
+    return model
+
+
+def check_resume(ckpt, path, model_args, config, meta):
+    """Whether the run `config` (with `model_args` and the dataset's `meta`) can resume ckpt exactly.
+    Returns (errors, notes): one line per reason it cannot; the schedule settings that changed (allowed)."""
+    errors = []
+    saved = ckpt.get("model_args", {})
+    diff = {k: (saved.get(k, getattr(ModelConfig, k)), model_args[k]) for k in model_args
+            if saved.get(k, getattr(ModelConfig, k)) != model_args[k]}  # a key older than the file: its default
+    if diff:
+        errors.append(f"{path} holds a different model: " +
+                      ", ".join(f"{k}={a!r} in the checkpoint vs {b!r} now" for k, (a, b) in diff.items()))
+    old = ckpt.get("config", {})
+    changed = {k: (old[k], config[k]) for k in config if k in old and old[k] != config[k] and k not in MODEL_FIELDS}
+    data_diff = [f"{k}={a!r} in the checkpoint vs {b!r} now" for k, (a, b) in changed.items() if k in DATA_KEYS]
+    if (ckpt.get("meta") or {}).get("tokens") and meta and meta.get("tokens") != ckpt["meta"]["tokens"]:
+        data_diff.append(f"the dataset's token counts {ckpt['meta']['tokens']} in the checkpoint vs "
+                         f"{meta.get('tokens')} now (prepared again?)")
+    if data_diff:
+        errors.append(f"cannot resume {path} exactly: " + ", ".join(data_diff) +
+                      "; use the checkpoint's settings, or start a new run in another out_dir")
+    if "optimizer" not in ckpt:
+        errors.append(f"{path} holds no optimizer state, so training cannot resume from it exactly "
+                      f"(ckpt.pt is the weights-only copy for sampling; resume from ckpt_last.pt)")
+    bad = nonfinite_tensors(ckpt["model"])
+    if bad:
+        errors.append(f"{path} has non-finite weights ({', '.join(bad[:3])}); it cannot train; use an earlier "
+                      f"checkpoint or start again")
+    notes = [f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items() if k not in DATA_KEYS + SILENT_KEYS]
+    return errors, notes
+
+
+def append_log(out_dir, row):
+    """One evaluation's line in out_dir/log.jsonl."""
+    with open(os.path.join(out_dir, LOG), "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def trim_log(out_dir, upto):
+    """On resume, drop log lines after the checkpoint's iteration (written before a kill that came ahead of
+    the checkpoint, so the resumed run logs them again) and any half-written line: one line per iteration."""
+    path = os.path.join(out_dir, LOG)
+    if not os.path.exists(path):
+        return
+    keep = []
+    with open(path) as f:
+        for line in f:
+            try:
+                if json.loads(line)["iter"] <= upto:
+                    keep.append(line if line.endswith("\n") else line + "\n")
+            except (ValueError, KeyError, TypeError):
+                pass
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.writelines(keep)
+    os.replace(tmp, path)
+
+
+def read_log(out_dir):
+    """out_dir/log.jsonl as a list of dicts sorted by iteration, and the number of lines skipped: lines
+    that are not a JSON object with an integer "iter" (a run killed mid-write, a hand edit). An iteration
+    logged twice keeps its last line. Raises ValueError (one line) where there is no valid line at all."""
+    path = os.path.join(out_dir, LOG)
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} not found (is {out_dir!r} a train.py out_dir?)")
+    rows, skipped = [], 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                r = None
+            if isinstance(r, dict) and isinstance(r.get("iter"), int) and not isinstance(r["iter"], bool):
+                rows.append(r)
+            else:
+                skipped += 1
+    if not rows:
+        raise ValueError(f"{path} has no log lines" + (f" ({skipped} malformed)" if skipped else " (it is empty)") +
+                         "; train.py writes one per evaluation")
+    by_iter = {r["iter"]: r for r in rows}
+    return [by_iter[i] for i in sorted(by_iter)], skipped

@@ -1,0 +1,92 @@
+"""
+What every script shares: its one-line errors, the "auto" device and dtype settings, and timing.
+
+A script stops on bad input with one line, "<script>.py: error: <what is wrong and how to fix it>", and
+exit status 2, before it writes anything: fail().
+"""
+
+import argparse
+import os
+import sys
+from contextlib import nullcontext
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Failure(SystemExit):
+    """A one-line error: exit status 2, and str() is the line (what a caller in-process, a test, reads)."""
+
+    def __init__(self, line):
+        super().__init__(2)
+        self.line = line
+
+    def __str__(self):
+        return self.line
+
+
+def fail(msg, prog=None):
+    """Stop with one line on stderr, '<prog>: error: <msg>', and exit status 2. prog: the file that calls
+    fail (train.py, plot.py, ...) unless given."""
+    line = f"{prog or os.path.basename(sys._getframe(1).f_code.co_filename)}: error: {msg}"
+    print(line, file=sys.stderr, flush=True)
+    raise Failure(line)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help of the argparse scripts: the docstring as written, and every option with its default."""
+
+
+def auto_device(device):
+    """device="auto": "cuda" when a GPU is present, else "cpu"; any other value is kept."""
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device):
+    """A device this machine has (after auto_device), or a ValueError with one line saying why not."""
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r} is not a device; use auto, cpu, cuda or cuda:<index>") from None
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available on this machine; use cpu")
+    return device
+
+
+def auto_dtype(dtype, device_type):
+    """dtype="auto": bfloat16 on a CUDA device that supports it, else float32; any other value is kept."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+
+
+def precision_context(device_type, dtype):
+    """The forward's precision: nothing for float32, else autocast to dtype (a DTYPES name)."""
+    return nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=DTYPES[dtype])
+
+
+def fmt_time(sec):
+    return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.1f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
+
+
+def sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, reps, warmup=None):
+    """Median wall time of fn() over reps runs, after one warm-up run (of warmup, else fn)."""
+    import statistics
+    import time
+    (warmup or fn)()
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
