@@ -30,7 +30,8 @@ RUN_FILES = (LOG, CKPT_BEST, CKPT_LAST)   # what makes a folder hold a run
 # Settings a resume must keep: they decide which tokens each iteration sees and how val is measured, so
 # changing them breaks exact resume. The others (max_iters, the learning-rate schedule, ...) may change.
 DATA_KEYS = ("dataset", "batch_size", "block_size", "seed", "gradient_accumulation_steps", "eval_iters")
-SILENT_KEYS = ("init_from", "out_dir", "data_dir", "overwrite", "device", "compile", "log_interval", "fsdp")
+SILENT_KEYS = ("init_from", "out_dir", "data_dir", "overwrite", "device", "compile", "log_interval", "fsdp",
+               "wandb_log", "wandb_project", "wandb_run_name")
 
 
 def take_out_dir(out_dir, init_from, overwrite, eval_only):
@@ -54,10 +55,13 @@ def take_out_dir(out_dir, init_from, overwrite, eval_only):
         lock.seek(0)
         holder = lock.read().strip() or "another process"
         return None, f"out_dir {out_dir!r} is in use by another train.py run ({holder}); wait for it or use another out_dir"
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"pid {os.getpid()} on {os.uname().nodename}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
-    lock.flush()
+    try:
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {os.uname().nodename}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        lock.flush()
+    except OSError as e:   # a full disk: the lock is held, its note cannot be written; nothing else was touched
+        return None, f"cannot use out_dir {out_dir!r}: {e.strerror or e}; {intact(out_dir)}"
     for name in os.listdir(out_dir):  # temporaries of a save that crashed or was killed: we hold the lock
         if name.startswith(tuple(f"{n}.tmp." for n in RUN_FILES)):
             os.remove(os.path.join(out_dir, name))
@@ -73,11 +77,55 @@ def take_out_dir(out_dir, init_from, overwrite, eval_only):
     return lock, None
 
 
-def save_checkpoint(path, ckpt, prog="train.py"):
+def intact(out_dir):
+    """What a run can still be resumed or sampled from, for an error line: 'intact: ckpt.pt (iter 200), ...'."""
+    held = []
+    for path in (os.path.join(out_dir, CKPT_BEST), os.path.join(out_dir, CKPT_LAST)):
+        try:
+            it = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["iter_num"]
+        except Exception:   # absent or unreadable: not something to resume or sample from
+            continue
+        held.append(f"{path} (iter {it})")
+    return "intact: " + (", ".join(held) or "no checkpoint")
+
+
+def stop_on_write_error(what, iter_num, e, out_dir, prog="train.py"):
+    """A write that failed (a full disk) ends the run at once, with one line naming what is still intact
+    (os._exit: nothing that could block on a collective; torchrun stops the other ranks). Exit status 1."""
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{one_line(e)} (is the disk full?)"
+    sys.stderr.write(f"{prog}: error: cannot {what} at iter {iter_num}: {reason}; {intact(out_dir)}\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def find_checkpoint(path):
+    """init_from=<path>: the checkpoint file itself, or in a train.py out_dir its ckpt.pt (the best model),
+    else its ckpt_last.pt. ValueError (one line) where there is none."""
+    if os.path.isfile(path):
+        return path
+    for name in (CKPT_BEST, CKPT_LAST):
+        if os.path.isfile(os.path.join(path, name)):
+            return os.path.join(path, name)
+    raise ValueError(f"init_from={path!r} is neither 'scratch', 'resume', a checkpoint file nor a folder holding "
+                     f"{CKPT_BEST} or {CKPT_LAST}")
+
+
+def finished_run(out_dir, config):
+    """'iter N, best val loss X' if out_dir holds a run of these very settings that reached max_iters (running
+    its command again has nothing to do), else None."""
+    try:
+        ckpt = torch.load(os.path.join(out_dir, CKPT_LAST), map_location="cpu", weights_only=True, mmap=True)
+        old, it = ckpt["config"], ckpt["iter_num"]
+    except Exception:   # no such run, or not one to compare
+        return None
+    same = all(k not in old or old[k] == v for k, v in config.items() if k not in SILENT_KEYS)
+    return f"iter {it}, best val loss {ckpt['best_val_loss']:.4f}" if same and it >= config["max_iters"] else None
+
+
+def save_checkpoint(path, ckpt):
     """Write ckpt to path atomically: a temporary file beside it, fsync, then os.replace, so a kill mid-save
-    leaves the previous file intact. A failed save (a full disk) removes its temporary and ends the process
-    at once (os._exit: nothing that could block on a collective; torchrun stops the other ranks) with one
-    line naming the checkpoints still intact."""
+    leaves the previous file intact. A failed save (a full disk: OSError, or torch's zip writer's
+    RuntimeError) removes its temporary and stops the run with one line (stop_on_write_error)."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -85,14 +133,10 @@ def save_checkpoint(path, ckpt, prog="train.py"):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        folder = os.path.dirname(path)
-        intact = [p for p in (os.path.join(folder, CKPT_BEST), os.path.join(folder, CKPT_LAST)) if os.path.exists(p)]
-        sys.stderr.write(f"{prog}: error: cannot save {path} at iter {ckpt.get('iter_num')}: {e.strerror or e}; "
-                         f"intact: {', '.join(intact) or 'no checkpoint'}\n")
-        os._exit(1)
+        stop_on_write_error(f"save {path}", ckpt.get("iter_num"), e, os.path.dirname(path))
 
 
 def load_checkpoint(path):
@@ -113,6 +157,23 @@ def load_checkpoint(path):
     return ckpt
 
 
+def one_line(e, limit=300):
+    """An exception as one line: its type, and its message with the lines joined (torch puts the tensor's
+    name on the second line of a load_state_dict error), cut at `limit` characters."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+def check_optimizer_fits(optimizer):
+    """Raise ValueError where a loaded AdamW moment has another shape than its parameter (torch checks the
+    groups' sizes when it loads, not the shapes; a wrong shape would fail later, inside a step)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for k, v in optimizer.state.get(p, {}).items():
+                if k != "step" and torch.is_tensor(v) and v.shape != p.shape:
+                    raise ValueError(f"the AdamW {k} of a parameter of shape {tuple(p.shape)} has shape {tuple(v.shape)}")
+
+
 def nonfinite_tensors(state_dict):
     """Names of the floating-point tensors holding a NaN or Inf."""
     return [k for k, v in state_dict.items() if v.is_floating_point() and not torch.isfinite(v).all()]
@@ -129,8 +190,7 @@ def model_from_checkpoint(ckpt, path="the checkpoint"):
         model = build_model(ModelConfig(**ckpt["model_args"]))
         model.load_state_dict(ckpt["model"])
     except (TypeError, ValueError, RuntimeError) as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ValueError(f"{path} does not build a model: {type(e).__name__}: {first}") from None
+        raise ValueError(f"{path} does not build a model: {one_line(e)}") from None
     return model
 
 
@@ -165,9 +225,13 @@ def check_resume(ckpt, path, model_args, config, meta):
 
 
 def append_log(out_dir, row):
-    """One evaluation's line in out_dir/log.jsonl."""
-    with open(os.path.join(out_dir, LOG), "a") as f:
-        f.write(json.dumps(row) + "\n")
+    """One evaluation's line in out_dir/log.jsonl. A failed write (a full disk) stops the run with one line; a
+    half-written line is dropped by trim_log when the run resumes."""
+    try:
+        with open(os.path.join(out_dir, LOG), "a") as f:
+            f.write(json.dumps(row) + "\n")
+    except OSError as e:
+        stop_on_write_error(f"write {os.path.join(out_dir, LOG)}", row["iter"], e, out_dir)
 
 
 def trim_log(out_dir, upto):
@@ -185,9 +249,15 @@ def trim_log(out_dir, upto):
             except (ValueError, KeyError, TypeError):
                 pass
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.writelines(keep)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.writelines(keep)
+        os.replace(tmp, path)
+    except OSError as e:   # a full disk: the log stays as it was, the temporary goes
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise ValueError(f"cannot rewrite {path} for the resume: {e.strerror or e}; it was left as it was, "
+                         f"{intact(out_dir)}") from None
 
 
 def read_log(out_dir):

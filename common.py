@@ -46,13 +46,19 @@ def auto_device(device):
 
 
 def check_device(device):
-    """A device this machine has (after auto_device), or a ValueError with one line saying why not."""
+    """A device this machine has and these scripts run on (cpu, cuda, cuda:<index>; after auto_device), or a
+    ValueError with one line saying why not. Checked before anything is written or deleted."""
     try:
-        torch.device(device)
+        dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device={device!r} is not a device; use auto, cpu, cuda or cuda:<index>") from None
-    if device.startswith("cuda") and not torch.cuda.is_available():
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
+        raise ValueError(f"device={device!r} is not a device these scripts run on; use auto, cpu, cuda or "
+                         f"cuda:<index>")
+    if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but CUDA is not available on this machine; use cpu")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 

@@ -14,6 +14,7 @@ valid choices, or for a config file that raises, its own path and line.
 
 import ast
 import glob
+import math
 import os
 import sys
 import traceback
@@ -37,6 +38,8 @@ def _check_type(key, value, default):
         value = float(value)
     elif type(value) is not type(default):
         raise ConfigError(f"--{key} must be of type {type(default).__name__} (default {default!r}), got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):   # a NaN passes every range check
+        raise ConfigError(f"--{key} must be a finite number, got {value!r}")
     return value
 
 
@@ -150,3 +153,30 @@ def configure(scope, argv=None, prog=None):
         sys.exit(2)
     scope.update(keys)
     return keys
+
+
+def check_train_settings(config, ddp):
+    """train.py's settings that no run can use, one line each (a NaN or Inf was refused when it was set)."""
+    errors = []
+    if config["dtype"] not in ("float32", "bfloat16", "float16"):
+        errors.append(f"dtype must be auto, float32, bfloat16 or float16, got {config['dtype']!r}")
+    src, out = config["init_from"], os.path.realpath(config["out_dir"] or ".")
+    if src not in ("scratch", "resume") and not os.path.exists(src):
+        errors.append(f"init_from must be 'scratch', 'resume', or a checkpoint or out_dir to start from; "
+                      f"{src!r} does not exist")
+    elif src not in ("scratch", "resume") and (os.path.realpath(src) + os.sep).startswith(out + os.sep):
+        errors.append(f"init_from={src!r} is in out_dir={config['out_dir']!r}: a new run starts in a folder of "
+                      f"its own (give another --out_dir)")
+    if config["fsdp"] and not ddp:
+        errors.append("fsdp=True shards the model over torchrun's processes: run it with torchrun "
+                      "--nproc_per_node=<GPUs> (one process holds the whole model anyway)")
+    if config["fsdp"] and config["dtype"] == "float16":
+        errors.append("fsdp=True trains in bfloat16 or float32 (float16 needs a sharded loss scaler); use "
+                      "--dtype=bfloat16")
+    least = dict(batch_size=1, max_iters=0, eval_iters=1, eval_interval=1, log_interval=1, max_nonfinite=1,
+                 min_lr=0, weight_decay=0, grad_clip=0, warmup_iters=0, lr_decay_iters=0, seed=0, vocab_size=0)
+    errors += [f"{k} must be >= {v}, got {config[k]}" for k, v in least.items() if config[k] < v]
+    if not config["learning_rate"] > 0:
+        errors.append(f"learning_rate must be > 0, got {config['learning_rate']}")
+    errors += [f"{k} must be in [0, 1), got {config[k]}" for k in ("beta1", "beta2") if not 0 <= config[k] < 1]
+    return errors

@@ -58,14 +58,14 @@ def new_cache(model, batch_size, max_len=None, dtype=None):
 
 
 @torch.no_grad()
-def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-    """Sample max_new_tokens after idx (B, t), as nanoGPT does; temperature=0 is greedy.
+def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+    """Sample max_new_tokens after idx (B, t), as nanoGPT does, yielding each new token (B, 1) as soon as it is
+    drawn; temperature=0 is greedy.
 
-    With use_cache, every block application decodes against its own preallocated cache
-    (RoPE offset by the cache length). When the context outgrows block_size it is cropped
-    to the last block_size tokens, which moves every position, so the cache is rebuilt
-    from the cropped context: from then on each token costs a full forward, and the
-    output stays identical to use_cache=False.
+    With use_cache, every block application decodes against its own preallocated cache (RoPE offset by the
+    cache length). When the context outgrows block_size it is cropped to the last block_size tokens, which
+    moves every position, so the cache is rebuilt from the cropped context: from then on each token costs a
+    full forward, and the output stays identical to use_cache=False.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -90,4 +90,9 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=
             idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
         idx = torch.cat((idx, idx_next), dim=1)
         next_input = idx_next if cache is not None else idx[:, -bs:]
-    return idx
+        yield idx_next
+
+
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+    """idx (B, t) followed by max_new_tokens sampled tokens (see stream)."""
+    return torch.cat([idx, *stream(model, idx, max_new_tokens, temperature, top_k, use_cache)], dim=1)

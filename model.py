@@ -478,6 +478,10 @@ def build_model(config):
 # ModelConfig's ranges: bookkeeping, not the paper, so they come last. Every error names its field.
 # ---------------------------------------------------------------------------
 
+UNUSED = {"hrm": ("n_layer", "unitf_init_c"), "transformer": ("N", "T", "M", "K", "S", "ent_lambda", "unitf_init_c"),
+          "unitf": ("n_layer", "N", "T", "S", "ent_lambda")}   # the fields each arch has no use for
+
+
 def check_config(c):
     """Fill in M (HRM: N*T; UniTF: 12 unless given) and refuse what no model can be built from."""
     def bad(field, why):
@@ -496,6 +500,9 @@ def check_config(c):
         bad("n_head", f"head_dim={c.n_embd // c.n_head} must be even for RoPE")
     if c.arch == "hrm" and c.M not in (None, c.N * c.T):
         bad("M", f"for hrm M is N*T={c.N * c.T}; got M={c.M} (leave it None)")
+    for f in UNUSED[c.arch]:   # set away from its default, such a field would be silently ignored
+        if getattr(c, f) != getattr(ModelConfig, f):
+            bad(f, f"arch={c.arch!r} does not use {f}; leave it at its default {getattr(ModelConfig, f)!r}")
     c.M = c.N * c.T if c.arch == "hrm" else 12 if c.M is None else c.M
     if not is_int(c.M, 1):
         bad("M", f"must be an integer >= 1, got {c.M!r}")

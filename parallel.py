@@ -5,6 +5,7 @@ DDP or FSDP2 around the model, and the whole state gathered into one single-file
 One process is the case world_size = 1: every function here then does the obvious local thing.
 """
 
+import math
 import os
 import signal
 import sys
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from checkpoint import check_optimizer_fits, one_line
 from model import HRM, Transformer
 
 
@@ -47,22 +49,58 @@ def end_process_group(ranks):
 
 
 def stop_on_errors(errors, ranks, prog="train.py"):
-    """All ranks learn whether any rank found an error; each prints its own, one line each, and all
-    exit together with status 2 (a rank that exited alone would be killed by torchrun mid-print)."""
-    any_error = bool(errors)
+    """All ranks learn whether any rank found an error and stop together, exit status 2 (a rank that exited
+    alone would be killed by torchrun mid-print). Rank 0 prints each distinct error once, one line each, so
+    a bad setting that every rank finds is one line; an error only some ranks found names them."""
+    everyone = [errors]
     if ranks.ddp:
         everyone = [None] * ranks.world_size
         dist.all_gather_object(everyone, errors)
-        any_error = any(everyone)
-    if not any_error:
+    if not any(everyone):
         return
-    for msg in errors:  # one write per line, so that lines from several ranks never interleave
-        sys.stderr.write(f"{prog}: error{f' (rank {ranks.rank})' if ranks.ddp else ''}: {msg}\n")
+    if ranks.master:
+        found = {}   # message -> the ranks that found it, in the order of first appearance
+        for r, errs in enumerate(everyone):
+            for msg in errs:
+                found.setdefault(msg, []).append(r)
+        for msg, where in found.items():
+            who = "" if len(where) == ranks.world_size else f" (rank {', '.join(map(str, where))})"
+            sys.stderr.write(f"{prog}: error{who}: {msg}\n")
         sys.stderr.flush()
     if ranks.ddp:
         dist.barrier()
         dist.destroy_process_group()
     sys.exit(2)
+
+
+def micro_batches(accum, batch, world_size, saved=None):
+    """The (gradient_accumulation_steps, batch_size, note) a run uses on world_size ranks; ValueError if none.
+    accum counts global micro-batches, so each rank runs accum / world_size of them. A new run whose accum is
+    not a multiple of the world size splits each micro-batch so every rank gets whole ones (the same global
+    batch). A resumed run must see the same tokens at every iteration as the run it continues, and micro-batch
+    j of iteration i is drawn from its own generator: it keeps the micro-batches it was saved with (`saved`,
+    when the global batch is the same) and refuses a world size that would have to split them."""
+    note = None
+    if saved and saved != (accum, batch) and saved[0] * saved[1] == accum * batch:
+        accum, batch = saved
+        note = (f"note: resuming with the checkpoint's micro-batches, gradient_accumulation_steps {accum} x "
+                f"batch_size {batch} (the same global batch, so the same tokens)")
+    if accum >= 1 and accum % world_size:
+        if saved:
+            ok = [w for w in range(1, accum + 1) if accum % w == 0]
+            raise ValueError(f"resuming on {world_size} ranks would split the checkpoint's {accum} micro-batch(es) of "
+                             f"{batch} sequences and change which tokens each iteration sees; resume on a number "
+                             f"of ranks that divides {accum}: {', '.join(map(str, ok))}")
+        f = world_size // math.gcd(accum, world_size)
+        if batch % f == 0:
+            note = (f"note: {world_size} ranks: gradient_accumulation_steps {accum} -> {accum * f}, batch_size "
+                    f"{batch} -> {batch // f} (the same global batch)")
+            accum, batch = accum * f, batch // f
+    if accum < 1 or accum % world_size:
+        raise ValueError(f"gradient_accumulation_steps={accum} must be a positive multiple of the world size "
+                         f"{world_size} (it counts global micro-batches), or batch_size={batch} divisible so that "
+                         f"each micro-batch can be split over the ranks")
+    return accum, batch, note
 
 
 def all_mean(values, ranks):
@@ -99,12 +137,16 @@ class StopSignals:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag.item() > 0
 
-    def exit_code(self):
-        """128 + the signal number, as a shell reports a process a signal ended."""
-        return 128 + (self.received[0] if self.received else signal.SIGTERM)
-
-    def name(self):
-        return signal.Signals(self.received[0]).name if self.received else "a signal"
+    def exit(self, iter_num, saved):
+        """End the run: one line (from rank 0) saying where, and exit status 128 + the signal number, as a
+        shell reports a process that a signal ended (130 for SIGINT, 143 for SIGTERM)."""
+        signum = self.received[0] if self.received else signal.SIGTERM   # another rank's signal: SIGTERM's code
+        if self.ranks.master:
+            sys.stderr.write(f"train.py: stopped by {signal.Signals(signum).name if self.received else 'a signal'} "
+                             f"at iter {iter_num}" + (f"; saved {saved}; continue with --init_from=resume"
+                                                      if saved else "") + "\n")
+        end_process_group(self.ranks)
+        sys.exit(128 + signum)
 
 
 # --- DDP and FSDP2 ---------------------------------------------------------------------------------------
@@ -170,15 +212,21 @@ def _rekey(osd, key, scalars, scalar_shape):
             "param_groups": [dict(g, params=[key(p) for p in g["params"]]) for g in osd["param_groups"]]}
 
 
-def load_optimizer_state(model, optimizer, osd, fsdp, scalars):
+def load_optimizer_state(model, optimizer, osd, fsdp, scalars, path):
     """A checkpoint's optimizer state (torch's positional format) into this run's optimizer; under FSDP
-    positions become parameter names, which set_optimizer_state_dict shards to each rank."""
-    if not fsdp:
-        return optimizer.load_state_dict(osd)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-    order = _param_order(model, optimizer)
-    set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
-                             optim_state_dict=_rekey(osd, order.__getitem__, scalars, (1,)))
+    positions become parameter names, which set_optimizer_state_dict shards to each rank. ValueError (one
+    line) where it does not fit: other parameter groups, or moments of other shapes."""
+    try:
+        if not fsdp:
+            optimizer.load_state_dict(osd)
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+            order = _param_order(model, optimizer)
+            set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
+                                     optim_state_dict=_rekey(osd, order.__getitem__, scalars, (1,)))
+        check_optimizer_fits(optimizer)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{path}: its optimizer state does not fit this model: {one_line(e)}") from None
 
 
 def full_state(model, optimizer, ranks, fsdp, scalars, with_optimizer):

@@ -254,6 +254,9 @@ def report(path, settings, world_size, gpu_gb, reserve_gb):
         r = rows[mode, b]
         print(f"  {mode:5} {g(r['state'])} {g(r['activations'])} {g(r['logits'])} {g(r['weight_casts'])} "
               f"{g(r['iteration_peak'])} {g(r['total'])}  {'fits' if r['total'] <= gpu else 'DOES NOT FIT'}")
+    print("  (state: weights, grads, AdamW; activ.: saved for backward, logits the part of it that is logits; casts: "
+          "autocast's bf16 weight copies; peak: the most the iteration holds at once beyond state, activations "
+          "included; total = state + peak + reserved)")
     verdict = {}
     for mode in ("ddp", "fsdp"):
         best, per_gpu = largest_fit(settings, world_size, gpu, reserve, mode == "fsdp", rows)

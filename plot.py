@@ -5,8 +5,8 @@ in the style of the paper's figures.
     python plot.py out-hrm out-tf out-unitf [--out=curves.png] [--title=...] [--labels=HRM,T-L4,UniTF]
 
 The chart goes beside the runs (out-hrm/curves.png) unless --out says otherwise. The y axis is
-logarithmic, so iteration 0 (about ln V) stays on it, and a dotted line marks the unigram CE of the
-first run's dataset: what a model that knows only token frequencies scores.
+logarithmic, so iteration 0 (about ln V) stays on it, and a dotted line marks the unigram CE of each
+dataset the runs trained on, labelled with its name: what a model that knows only token frequencies scores.
 """
 
 import argparse
@@ -29,13 +29,30 @@ def load_log(out_dir):
     return rows
 
 
+def check_output(path):
+    """One line, before anything is drawn, if the chart cannot be written to `path`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if os.path.isdir(path):
+        fail(f"--out {path!r} is a folder; give a file name, e.g. {os.path.join(path, 'curves.png')}")
+    if not os.path.isdir(folder):
+        fail(f"--out {path!r}: the folder {os.path.dirname(path)!r} does not exist")
+    if not os.access(folder, os.W_OK) or os.path.exists(path) and not os.access(path, os.W_OK):
+        fail(f"--out {path!r} is not writable")
+    from matplotlib.backend_bases import FigureCanvasBase
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if ext not in kinds:
+        fail(f"--out {path!r}: matplotlib cannot write {'.' + ext if ext else 'a file without an extension'}; "
+             f"use one of {', '.join('.' + k for k in sorted(kinds))}")
+
+
 def finite(v):
     """A number to plot: not None, a string, or the NaN/inf of a diverged run."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def unigram_of(out_dir):
-    """The unigram CE of the dataset a run trained on (from its checkpoint's config), or None."""
+    """(dataset name, unigram CE) of the dataset a run trained on (from its checkpoint's config), or None."""
     try:
         import torch
         from prepare import unigram_ce
@@ -43,7 +60,7 @@ def unigram_of(out_dir):
         cfg = torch.load(os.path.join(out_dir, name), map_location="cpu", weights_only=True, mmap=True)["config"]
         if os.path.getsize(os.path.join(cfg["data_dir"], cfg["dataset"], "train.bin")) > 1 << 30:
             raise ValueError("too large to count here")  # OpenWebText: 18 GB to read for one line
-        return unigram_ce(cfg["data_dir"], cfg["dataset"])
+        return cfg["dataset"], unigram_ce(cfg["data_dir"], cfg["dataset"])
     except Exception:  # no checkpoint or no data here: the curves alone
         print(f"note: no unigram line (no checkpoint or dataset found for {out_dir})", file=sys.stderr)
         return None
@@ -55,7 +72,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="PNG to write (default: curves.png in the first run's folder)")
     ap.add_argument("--title", default=None, help="chart title (default: the metric and the runs' names)")
     ap.add_argument("--unigram", default=True, action=argparse.BooleanOptionalAction,
-                    help="draw the unigram CE of the first run's dataset: what token frequencies alone score")
+                    help="draw the unigram CE of each run's dataset: what token frequencies alone score")
     ap.add_argument("--labels", default=None, help="comma-separated legend labels (default: folder names)")
     ap.add_argument("--metric", default="val_loss", choices=["val_loss", "train_loss"], help="which logged loss to draw")
     args = ap.parse_args(argv)
@@ -63,9 +80,12 @@ def main(argv=None):
     args.out = args.out or os.path.join(args.runs[0], "curves.png")   # beside the runs, not in the repository
     if len(labels) != len(args.runs):
         fail(f"{len(labels)} labels for {len(args.runs)} runs")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):   # before the work, not after it
-        fail(f"--out {args.out!r}: the folder {os.path.dirname(args.out)!r} does not exist")
+    check_output(args.out)   # before the work, not after it
     logs = [load_log(r) for r in args.runs]
+    for run, log in zip(args.runs, logs):
+        if not any(finite(r.get(args.metric)) for r in log):
+            fail(f"{os.path.join(run, LOG)} has no finite {args.metric} (a run that diverged from the start?); "
+                 f"nothing to draw")
 
     import matplotlib
     import matplotlib.ticker
@@ -79,9 +99,9 @@ def main(argv=None):
     ax.set_xlabel("iteration")
     ax.set_ylabel("validation CE" if args.metric == "val_loss" else "train CE")
     ax.grid(True, linestyle=":", color="0.8")
-    uni = unigram_of(args.runs[0]) if args.unigram else None
-    if uni is not None:
-        ax.axhline(uni, color="0.4", linewidth=1, linestyle=":", label=f"unigram {uni:.3f}")
+    unigrams = dict(u for u in map(unigram_of, args.runs if args.unigram else []) if u)   # one line per dataset
+    for (name, uni), style in zip(unigrams.items(), (":", "-.", "--", (0, (1, 3)))):
+        ax.axhline(uni, color="0.4", linewidth=1, linestyle=style, label=f"unigram ({name}) {uni:.3f}")
     # log scale: iteration 0 (about ln V) stays on the chart without flattening the later differences
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2f"))

@@ -22,10 +22,12 @@ checked against the hashes tiktoken itself uses, so nothing is downloaded.
 import argparse
 import codecs
 import glob
+import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import sys
 from contextlib import contextmanager
 
@@ -63,16 +65,33 @@ def get_tokenizer():
     return _ENC
 
 
+def _die_with_parent():
+    """In a tokenizer worker: die when prepare.py dies, even by SIGKILL (Linux's PR_SET_PDEATHSIG), instead of
+    living on as an orphan holding its memory."""
+    global _ORPHAN_GUARD
+    if _ORPHAN_GUARD is None and os.getpid() != _MAIN_PID and sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+        _ORPHAN_GUARD = ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
+        if os.getppid() == 1:   # the parent died before the guard was set
+            os._exit(1)
+
+
+_ORPHAN_GUARD, _MAIN_PID = None, os.getpid()   # workers are forked: a pid other than the importer's
+
+
 def _tokenize(example):
+    _die_with_parent()
     enc = get_tokenizer()
     ids = enc.encode_ordinary(example["text"]) + [enc.eot_token]  # every document ends with <|endoftext|>
     return {"ids": ids, "len": len(ids)}
 
 
-def tokenize_and_write(splits, out_dir, num_proc=1):
+def tokenize_and_write(splits, out_dir, num_proc=1, source=None):
     """splits: {"train": datasets.Dataset with a "text" column, "val": ...} -> out_dir/{train,val}.bin.
 
-    Returns {split: number of tokens}. The files are published together (see `staged`).
+    Returns {split: number of tokens}. The files are published together (see `staged`). `source` (see
+    fingerprint) goes into meta.json, so that preparing the same input again can be skipped.
     """
     from tqdm import tqdm
     counts = {}
@@ -84,22 +103,18 @@ def tokenize_and_write(splits, out_dir, num_proc=1):
                            num_proc=num_proc if len(dset) > 1 else None, desc=f"tokenizing {split}")
             n = int(np.sum(tok["len"], dtype=np.int64))
             path = os.path.join(out_dir, f"{split}.bin")
-            arr = np.memmap(os.path.join(tmp, f"{split}.bin"), dtype=np.uint16, mode="w+", shape=(n,))
             n_shards = max(1, min(1024, len(tok)))
-            pos = 0
-            for i in tqdm(range(n_shards), desc=f"writing {path}", disable=n_shards < 16):
-                shard = tok.shard(num_shards=n_shards, index=i, contiguous=True).with_format("numpy")
-                if len(shard) == 0:
-                    continue
-                batch = np.concatenate(shard["ids"])
-                arr[pos:pos + len(batch)] = batch
-                pos += len(batch)
-            arr.flush()
-            del arr
+            # plain writes, not a memmap: on a full disk a write raises OSError, a memmap's page dies by SIGBUS
+            with open(os.path.join(tmp, f"{split}.bin"), "wb") as f:
+                for i in tqdm(range(n_shards), desc=f"writing {path}", disable=n_shards < 16):
+                    shard = tok.shard(num_shards=n_shards, index=i, contiguous=True).with_format("numpy")
+                    if len(shard) > 0:
+                        f.write(np.concatenate(shard["ids"]).astype(np.uint16).tobytes())
             counts[split] = n
             print(f"{path}: {n:,} tokens")
         with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"vocab_size": 50257, "tokenizer": "gpt2", "dtype": "uint16", "tokens": counts}, f, indent=1)
+            json.dump({"vocab_size": 50257, "tokenizer": "gpt2", "dtype": "uint16", "tokens": counts,
+                       "source": source}, f, indent=1)
     return counts
 
 
@@ -204,11 +219,30 @@ def split_documents(docs, val_every=10, val_offset=4, val_frac=0.1):
     return train, val
 
 
-def prepare_documents(docs, out_dir, num_proc=1, min_val_frac=0.05):
+def fingerprint(tokenizer, docs=None, name=None):
+    """What a dataset was prepared from, for meta.json's "source": the tokenizer and a sha256 of every
+    document's name and text (or, for a hub dataset, its name and split), and this file's format version."""
+    h = hashlib.sha256(f"prepare.py v2 {tokenizer} {name}".encode())
+    for doc_name, text in docs or []:
+        h.update(f"\0{doc_name}\0{len(text)}\0".encode())
+        h.update(text.encode("utf-8", errors="surrogatepass"))
+    return h.hexdigest()
+
+
+def up_to_date(out_dir, source):
+    """Whether out_dir already holds a whole dataset prepared from `source` (see fingerprint)."""
+    try:
+        data_dir, dataset = os.path.split(os.path.normpath(out_dir))
+        return check_dataset(data_dir, dataset).get("source") == source
+    except (ValueError, OSError):
+        return False
+
+
+def prepare_documents(docs, out_dir, num_proc=1, min_val_frac=0.05, source=None):
     train, val = split_documents(docs)   # first: its errors come before the slow import
     from datasets import Dataset
     counts = tokenize_and_write({"train": Dataset.from_dict({"text": train}),
-                                 "val": Dataset.from_dict({"text": val})}, out_dir, num_proc)
+                                 "val": Dataset.from_dict({"text": val})}, out_dir, num_proc, source)
     frac = counts["val"] / (counts["train"] + counts["val"])
     held = "the end of the only document" if len(docs) == 1 else f"{len(val)} of {len(docs)} documents"
     print(f"val holds {held}, {frac:.1%} of the tokens")
@@ -217,7 +251,7 @@ def prepare_documents(docs, out_dir, num_proc=1, min_val_frac=0.05):
     return counts
 
 
-def prepare_chars(docs, out_dir):
+def prepare_chars(docs, out_dir, source=None):
     """One token per character, over the same document split as the BPE datasets; the vocabulary
     (every character of either split, sorted) goes into meta.json as `chars`, id = index."""
     train, val = split_documents(docs)
@@ -229,31 +263,40 @@ def prepare_chars(docs, out_dir):
     with staged(out_dir) as tmp:   # all three files or none (see `staged`)
         for split, texts in (("train", train), ("val", val)):
             ids = np.array([stoi[ch] for ch in "".join(texts)], dtype=np.uint16)
-            ids.tofile(os.path.join(tmp, f"{split}.bin"))
+            with open(os.path.join(tmp, f"{split}.bin"), "wb") as f:   # a full disk: OSError ENOSPC
+                f.write(ids.tobytes())
             counts[split] = len(ids)
             print(f"{os.path.join(out_dir, f'{split}.bin')}: {len(ids):,} characters")
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump({"vocab_size": len(chars), "tokenizer": "char", "chars": chars, "dtype": "uint16",
-                       "tokens": counts}, f, indent=1)
+                       "tokens": counts, "source": source}, f, indent=1)
     print(f"vocabulary: {len(chars)} characters; val holds {len(val)} of {len(docs)} plays, "
           f"{counts['val'] / (counts['train'] + counts['val']):.1%} of the characters")
     return counts
 
 
+def rerun_command(dataset):
+    """The command that prepares `dataset` again."""
+    return "python prepare.py" if dataset == "shakespeare" else f"python prepare.py --dataset={dataset}"
+
+
 def load_meta(data_dir, dataset):
-    """The dataset's meta.json as a dict, or None where there is none (a dataset from before meta.json)."""
+    """The dataset's meta.json as a dict. Every dataset prepare.py writes has one (its tokenizer and
+    vocabulary, without which ids cannot be read as text); a missing one is a ValueError saying how to
+    rebuild the dataset. An unreadable one raises OSError or ValueError (not JSON)."""
     path = os.path.join(data_dir, dataset, "meta.json")
     if not os.path.exists(path):
-        return None
+        raise ValueError(f"{path} not found: prepare.py writes it beside train.bin and val.bin (the tokenizer "
+                         f"and vocabulary); run `{rerun_command(dataset)}` to rebuild the dataset")
     with open(path) as f:
         return json.load(f)
 
 
 def check_dataset(data_dir, dataset):
-    """Check a prepared dataset before any work: returns its meta.json as a dict (None for a dataset from
-    before meta.json), or raises ValueError with one line that names the file, the problem and the fix."""
+    """Check a prepared dataset before any work: returns its meta.json as a dict, or raises ValueError with
+    one line that names the file, the problem and the fix."""
     folder = os.path.join(data_dir, dataset)
-    rerun = "python prepare.py" if dataset == "shakespeare" else f"python prepare.py --dataset={dataset}"
+    rerun = rerun_command(dataset)
     paths = {split: os.path.join(folder, f"{split}.bin") for split in ("train", "val")}
     for path in paths.values():
         if os.path.isdir(path):
@@ -263,22 +306,23 @@ def check_dataset(data_dir, dataset):
             raise ValueError(f"{path} not found; run `{rerun}` first" + (
                 f" (a prepare.py that was killed left the previous dataset in {left[0]})" if left else ""))
     meta_path = os.path.join(folder, "meta.json")
+    if not os.path.exists(meta_path):
+        return load_meta(data_dir, dataset)   # raises: how to rebuild it
     try:
         meta = load_meta(data_dir, dataset)
     except (OSError, ValueError) as e:  # a folder, unreadable, not JSON
         raise ValueError(f"cannot read {meta_path} ({type(e).__name__}); run `{rerun}` again") from None
-    if meta is not None:
-        if not isinstance(meta, dict):
-            raise ValueError(f"{meta_path} is not a JSON object; run `{rerun}` again")
-        if meta.get("tokenizer", "gpt2") not in TOKENIZERS:   # a meta.json without one is from GPT-2 days
-            raise ValueError(f"{meta_path} names an unknown tokenizer {meta['tokenizer']!r} (known: "
-                             f"{', '.join(TOKENIZERS)}); run `{rerun}` again")
-        vocab = meta.get("vocab_size")
-        if not isinstance(vocab, int) or not 0 < vocab <= 65536:
-            raise ValueError(f"{meta_path} has vocab_size={vocab!r}, not a uint16 vocabulary; run `{rerun}` again")
-        if meta.get("tokenizer") == "char" and len(meta.get("chars") or []) != vocab:
-            raise ValueError(f"{meta_path} lists {len(meta.get('chars') or [])} characters for vocab_size={vocab}; "
-                             f"run `{rerun}` again")
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path} is not a JSON object; run `{rerun}` again")
+    if meta.get("tokenizer", "gpt2") not in TOKENIZERS:   # a meta.json without one is from GPT-2 days
+        raise ValueError(f"{meta_path} names an unknown tokenizer {meta['tokenizer']!r} (known: "
+                         f"{', '.join(TOKENIZERS)}); run `{rerun}` again")
+    vocab = meta.get("vocab_size")
+    if not isinstance(vocab, int) or not 0 < vocab <= 65536:
+        raise ValueError(f"{meta_path} has vocab_size={vocab!r}, not a uint16 vocabulary; run `{rerun}` again")
+    if meta.get("tokenizer") == "char" and len(meta.get("chars") or []) != vocab:
+        raise ValueError(f"{meta_path} lists {len(meta.get('chars') or [])} characters for vocab_size={vocab}; "
+                         f"run `{rerun}` again")
     for split, path in paths.items():
         size = os.path.getsize(path)
         if size == 0:
@@ -287,14 +331,14 @@ def check_dataset(data_dir, dataset):
             raise ValueError(f"{path} holds {size} bytes, an odd number: not uint16 tokens (a truncated or "
                              f"foreign file); run `{rerun}` again")
         n = size // 2
-        want = (meta or {}).get("tokens") or {}
+        want = meta.get("tokens") or {}
         want = want.get(split) if isinstance(want, dict) else None
         if want is not None and want != n:
             raise ValueError(f"{path} holds {n} tokens but {meta_path} says {want}: the files are from "
                              f"different runs; run `{rerun}` again")
         # a token id past the vocabulary would index past the embedding table; the scan reads the whole file,
         # so above 2^28 tokens (OpenWebText: 9B) it is skipped at start and the token count check must do
-        if meta is not None and n <= 1 << 28:
+        if n <= 1 << 28:
             top = int(np.memmap(path, dtype=np.uint16, mode="r").max())
             if top >= meta["vocab_size"]:
                 raise ValueError(f"{path} holds token id {top}, but {meta_path} says vocab_size="
@@ -302,9 +346,27 @@ def check_dataset(data_dir, dataset):
     return meta
 
 
+def open_dataset(data_dir, dataset, block_size, vocab_size=0):
+    """For train.py: check_dataset, then (the two splits as read-only uint16 memmaps, meta.json as a dict).
+    ValueError (one line) if a split is too short for block_size, or vocab_size (0: take the dataset's)
+    contradicts meta.json: the vocabulary is the dataset's."""
+    meta = check_dataset(data_dir, dataset)
+    if vocab_size and vocab_size != meta["vocab_size"]:
+        raise ValueError(f"vocab_size={vocab_size}, but {os.path.join(data_dir, dataset, 'meta.json')} says the "
+                         f"dataset has {meta['vocab_size']} ({meta['tokenizer']}); leave vocab_size at 0 to take "
+                         f"it from the data")
+    data = {split: np.memmap(os.path.join(data_dir, dataset, f"{split}.bin"), dtype=np.uint16, mode="r")
+            for split in ("train", "val")}
+    for split, d in data.items():
+        if len(d) <= block_size + 1:
+            raise ValueError(f"block_size={block_size} needs more than {block_size + 1} tokens, but "
+                             f"{os.path.join(data_dir, dataset, split + '.bin')} holds {len(d)}")
+    return data, meta
+
+
 def get_codec(meta):
-    """(encode, decode) for a dataset's meta.json (None: GPT-2 BPE)."""
-    if meta is not None and meta.get("tokenizer") == "char":
+    """(encode, decode) for a dataset's meta.json."""
+    if meta.get("tokenizer") == "char":
         chars = meta["chars"]
         stoi = {ch: i for i, ch in enumerate(chars)}
         unknown = stoi.get(" ", 0)  # a prompt character the corpus never had: read as a space
@@ -317,8 +379,7 @@ def unigram_ce(data_dir, dataset):
     """Val CE (nats/token) of a model that knows only token frequencies: counts from train.bin,
     add-one smoothed over the vocabulary, scored on val.bin. The plateau of a model that learned
     nothing contextual."""
-    meta = load_meta(data_dir, dataset)
-    vocab = meta["vocab_size"] if meta else 50257
+    vocab = load_meta(data_dir, dataset)["vocab_size"]
     train = np.fromfile(os.path.join(data_dir, dataset, "train.bin"), dtype=np.uint16)
     val = np.fromfile(os.path.join(data_dir, dataset, "val.bin"), dtype=np.uint16)
     counts = np.bincount(train, minlength=vocab).astype(np.float64) + 1.0
@@ -326,7 +387,7 @@ def unigram_ce(data_dir, dataset):
     return float(-logp[val].mean())
 
 
-def prepare_openwebtext(out_dir, num_proc):
+def prepare_openwebtext(out_dir, num_proc, source=None):
     """OpenWebText with nanoGPT's held-out split (0.05% of documents, seed 2357)."""
     from datasets import load_dataset
     try:
@@ -334,9 +395,10 @@ def prepare_openwebtext(out_dir, num_proc):
     except Exception as e:  # no network, hub down, ...: one line, not a traceback
         fail(f"could not load openwebtext through `datasets` ({type(e).__name__}: "
              f"{str(e).splitlines()[0] if str(e) else ''}). It needs network access to the Hugging Face "
-             f"hub; `python prepare.py` prepares the offline Shakespeare corpus instead.")
+             f"hub; offline, `python prepare.py --dataset=openwebtext --input=DIR` prepares a local folder of "
+             f"text under that name (or `python prepare.py` the bundled Shakespeare corpus)")
     split = ds["train"].train_test_split(test_size=0.0005, seed=2357, shuffle=True)
-    return tokenize_and_write({"train": split["train"], "val": split["test"]}, out_dir, num_proc)
+    return tokenize_and_write({"train": split["train"], "val": split["test"]}, out_dir, num_proc, source)
 
 
 _REPLACED = [0]   # bytes the "prepare.count" handler replaced
@@ -384,6 +446,7 @@ def main(argv=None):
     ap.add_argument("--input", default=None, help="a folder of .txt/.md texts (or one text file) to prepare offline")
     ap.add_argument("--data_dir", default="data", help="output goes to DATA_DIR/DATASET/")
     ap.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenising processes")
+    ap.add_argument("--force", action="store_true", help="prepare again even if the dataset is up to date")
     args = ap.parse_args(argv)
     out_dir = os.path.join(args.data_dir, args.dataset)
     # everything checkable before work
@@ -397,19 +460,39 @@ def main(argv=None):
     if args.input is None and args.dataset not in ("shakespeare", "shakespeare_char", "openwebtext"):
         fail(f"unknown dataset {args.dataset!r}: use shakespeare, shakespeare_char, openwebtext, "
              f"or --input=DIR for a local corpus")
+    stop = []   # the signal that stopped us: its KeyboardInterrupt may reach us as a worker's error instead
+
+    def on_signal(signum, frame):
+        stop.append(signum)
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     try:
-        if args.input is not None:
-            return prepare_documents(text_files(args.input), out_dir, args.num_proc)
-        if args.dataset == "shakespeare":
-            return prepare_documents(shakespeare_plays(), out_dir, args.num_proc)
-        if args.dataset == "shakespeare_char":
-            return prepare_chars(shakespeare_plays(), out_dir)
-        return prepare_openwebtext(out_dir, args.num_proc)
-    except KeyboardInterrupt:   # `staged` has already removed the half-written folder
-        print(f"prepare.py: error: interrupted; {out_dir} was left as it was", file=sys.stderr)
+        docs = text_files(args.input) if args.input is not None else \
+            shakespeare_plays() if args.dataset in ("shakespeare", "shakespeare_char") else None
+        char = args.input is None and args.dataset == "shakespeare_char"
+        source = fingerprint("char" if char else "gpt2", docs, None if docs else "openwebtext, seed 2357, 0.05% val")
+        if not args.force and up_to_date(out_dir, source):   # the same command again: nothing to redo
+            print(f"{out_dir} is up to date (prepared from the same input); nothing to do (--force prepares it again)")
+            return load_meta(args.data_dir, args.dataset)["tokens"]
+        if char:
+            return prepare_chars(docs, out_dir, source)
+        if docs is not None:
+            return prepare_documents(docs, out_dir, args.num_proc, source=source)
+        return prepare_openwebtext(out_dir, args.num_proc, source)
+    except Exception as e:   # `staged` has already removed the half-written folder
+        if stop or isinstance(e, KeyboardInterrupt):
+            print(f"prepare.py: error: interrupted by {signal.Signals(stop[0] if stop else signal.SIGINT).name}; "
+                  f"{out_dir} was left as it was", file=sys.stderr)
+            sys.exit(128 + (stop[0] if stop else signal.SIGINT))
+        if isinstance(e, OSError):   # a full disk, no permission
+            fail(f"cannot write {out_dir}: {e.strerror or e}; it was left as it was (the partial files were removed)")
+        if isinstance(e, ValueError):   # too little text, ...
+            fail(str(e))
+        raise
+    except KeyboardInterrupt:
+        print(f"prepare.py: error: interrupted by SIGINT; {out_dir} was left as it was", file=sys.stderr)
         sys.exit(130)
-    except (ValueError, OSError) as e:   # too little text, disk full, no permission, ...: one line
-        fail(f"{e}" if isinstance(e, ValueError) else f"{type(e).__name__}: {e}")
 
 
 if __name__ == "__main__":

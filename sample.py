@@ -17,6 +17,7 @@ import torch
 from checkpoint import load_checkpoint, model_from_checkpoint
 from common import DTYPES, auto_device, auto_dtype, check_device, fail, precision_context
 from configurator import configure
+from engine import stream
 from prepare import get_codec, load_meta
 
 # -----------------------------------------------------------------------------
@@ -74,14 +75,14 @@ try:   # one line for a truncated, unsafe or foreign file, and for non-finite we
 except ValueError as e:
     fail(str(e))
 # the tokenizer the model was trained with: the copy of meta.json in the checkpoint (older checkpoints:
-# the dataset's meta.json, else GPT-2 BPE)
+# the dataset's meta.json; without either, decoding through a guess would print garbage)
 train_config = checkpoint.get("config") or {}
 try:
     meta = checkpoint.get("meta") or load_meta(train_config.get("data_dir", "data"),
                                                train_config.get("dataset", "shakespeare"))
-except (OSError, ValueError) as e:   # a damaged meta.json: decoding through a guess would print garbage
-    fail(f"cannot read the dataset's meta.json for {path}: {type(e).__name__}: {e}")
-if meta is not None and meta.get("vocab_size", model.config.vocab_size) != model.config.vocab_size:
+except (OSError, ValueError) as e:
+    fail(f"{path} carries no tokenizer (meta.json) and its dataset's cannot be read: {e}")
+if meta.get("vocab_size", model.config.vocab_size) != model.config.vocab_size:
     fail(f"the model has vocab_size={model.config.vocab_size} but its dataset's meta.json says {meta['vocab_size']}")
 encode, decode = get_codec(meta)
 del checkpoint
@@ -89,7 +90,10 @@ model.eval().to(device)
 torch.manual_seed(seed)
 ctx = precision_context(device_type, dtype)
 
-ids = encode(start) or [0 if meta and meta.get("tokenizer") == "char" else 50256]  # "" -> <|endoftext|> (BPE)
+if meta.get("tokenizer") == "char" and set(start) - set(meta["chars"]):   # encode reads them as spaces
+    print(f"note: the prompt's characters {''.join(sorted(set(start) - set(meta['chars'])))!r} are not in the "
+          f"model's {len(meta['chars'])}-character vocabulary; each is read as a space", file=sys.stderr)
+ids = encode(start) or [0 if meta.get("tokenizer") == "char" else 50256]  # "" -> <|endoftext|> (BPE)
 bs = model.config.block_size
 if len(ids) > bs:
     print(f"note: the prompt is {len(ids)} tokens, over block_size={bs}; keeping its last {bs} tokens",
@@ -97,11 +101,34 @@ if len(ids) > bs:
     ids = ids[-bs:]
 x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
 
-with ctx:
-    for k in range(num_samples):
-        t0 = time.time()
-        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, use_cache=use_cache)
-        dt = time.time() - t0
-        print(decode(y[0].tolist()))
-        print(f"--------------- ({max_new_tokens} tokens in {dt:.2f} s, {max_new_tokens / max(dt, 1e-9):.1f} tok/s, "
-              f"{'cached' if use_cache else 'full recompute'})", file=sys.stderr)
+
+
+def show(ids):
+    """Print the text of token ids as they come. A token may end inside a character (BPE splits bytes), which
+    decodes as U+FFFD until the next token completes it: such tokens wait for the rest."""
+    pending = []
+    for i in ids:
+        pending.append(i)
+        text = decode(pending)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            pending = []
+    sys.stdout.write(decode(pending) + "\n")
+    sys.stdout.flush()
+
+
+try:
+    with ctx:
+        for k in range(num_samples):
+            t0 = time.time()
+            sys.stdout.write(decode(ids))
+            show(t[0, 0].item() for t in stream(model, x, max_new_tokens, temperature, top_k or None, use_cache))
+            dt = time.time() - t0
+            print(f"--------------- ({max_new_tokens} tokens in {dt:.2f} s, {max_new_tokens / max(dt, 1e-9):.1f} "
+                  f"tok/s, {'cached' if use_cache else 'full recompute'})", file=sys.stderr)
+except KeyboardInterrupt:   # what was printed stays printed
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    print("sample.py: interrupted by SIGINT; the text above is what was generated", file=sys.stderr)
+    sys.exit(130)

@@ -25,13 +25,13 @@ import numpy as np
 import torch
 
 import parallel
-from checkpoint import (CKPT_BEST, CKPT_LAST, append_log, check_resume, load_checkpoint, save_checkpoint,
-                        take_out_dir, trim_log)
+from checkpoint import (CKPT_BEST, CKPT_LAST, append_log, check_resume, find_checkpoint, finished_run,
+                        load_checkpoint, one_line, save_checkpoint, take_out_dir, trim_log)
 from common import DTYPES, auto_device, auto_dtype, check_device, fail, fmt_time, precision_context
-from configurator import configure
+from configurator import check_train_settings, configure
 from flops import counted_train_flops, device_peak_tflops
 from model import MODEL_FIELDS, ModelConfig, build_model
-from prepare import check_dataset
+from prepare import open_dataset
 
 # -----------------------------------------------------------------------------
 # Defaults: the paper's OpenWebText setup (section "Setup"; Table "Ablation" base: HRM d=4096,
@@ -44,9 +44,12 @@ log_interval = 10            # print a progress line every this many iterations
 eval_iters = 200             # batches per split in an evaluation
 eval_only = False            # evaluate once and exit
 always_save_checkpoint = False  # save ckpt.pt at every eval, not only when val improves
-init_from = "scratch"        # "scratch" or "resume" (from out_dir/ckpt_last.pt)
+init_from = "scratch"        # "scratch", "resume" (out_dir/ckpt_last.pt), or a checkpoint or out_dir to start from
 overwrite = False            # a new run in an out_dir that holds one replaces its log and checkpoints
 max_nonfinite = 10           # stop after this many non-finite iterations in a row
+wandb_log = False            # also log each evaluation to Weights & Biases (pip install wandb; WANDB_MODE=offline works)
+wandb_project = "hrm-lm"     # its project
+wandb_run_name = ""          # its run name ("" = the out_dir's name)
 # data
 dataset = "openwebtext"      # data/<dataset>/{train,val}.bin from prepare.py (the paper's corpus)
 data_dir = "data"            # where prepare.py wrote the datasets
@@ -108,85 +111,70 @@ def log(msg):
 
 
 # --- everything checkable before work: each problem is one line, and every rank stops on it --------
-errors = []
-if dtype not in DTYPES:
-    errors.append(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
-if init_from not in ("scratch", "resume"):
-    errors.append(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
-if fsdp and not ranks.ddp:
-    errors.append("fsdp=True shards the model over torchrun's processes: run it with torchrun "
-                  "--nproc_per_node=<GPUs> (one process holds the whole model anyway)")
-if fsdp and dtype == "float16":
-    errors.append("fsdp=True trains in bfloat16 or float32 (float16 needs a sharded loss scaler); use --dtype=bfloat16")
-if gradient_accumulation_steps >= 1 and gradient_accumulation_steps % world_size:
-    # a config written for fewer ranks (the Shakespeare ones: 1 micro-batch of 8): split each micro-batch so
-    # every rank gets whole ones and the global batch stays gradient_accumulation_steps * batch_size sequences
-    f = world_size // math.gcd(gradient_accumulation_steps, world_size)
-    if batch_size % f == 0:
-        log(f"note: {world_size} ranks: gradient_accumulation_steps {gradient_accumulation_steps} -> "
-            f"{gradient_accumulation_steps * f}, batch_size {batch_size} -> {batch_size // f} (the same global batch)")
-        gradient_accumulation_steps, batch_size = gradient_accumulation_steps * f, batch_size // f
-        config.update(gradient_accumulation_steps=gradient_accumulation_steps, batch_size=batch_size)
-if gradient_accumulation_steps < 1 or gradient_accumulation_steps % world_size:
-    errors.append(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a positive multiple of "
-                  f"the world size {world_size} (it counts global micro-batches)")
-for key in ("batch_size", "max_iters", "eval_iters", "eval_interval", "log_interval", "max_nonfinite"):
-    least = 0 if key == "max_iters" else 1
-    if config[key] < least:
-        errors.append(f"{key} must be >= {least}, got {config[key]}")
-for key in ("min_lr", "weight_decay", "grad_clip", "warmup_iters", "lr_decay_iters", "seed", "vocab_size"):
-    if config[key] < 0:
-        errors.append(f"{key} must be >= 0, got {config[key]}")
-if not learning_rate > 0:
-    errors.append(f"learning_rate must be > 0, got {learning_rate}")
-for key in ("beta1", "beta2"):
-    if not 0 <= config[key] < 1:
-        errors.append(f"{key} must be in [0, 1), got {config[key]}")
+errors = check_train_settings(dict(config, dtype=dtype), ranks.ddp)   # ranges, choices, combinations
+notes = []   # printed once every check has passed
+
+
+def set_micro_batches(saved=None):
+    """gradient_accumulation_steps and batch_size for this world size (parallel.micro_batches): a new run on
+    more ranks than its config was written for splits its micro-batches; a resumed run keeps its checkpoint's."""
+    try:
+        accum, batch, note = parallel.micro_batches(config["gradient_accumulation_steps"], config["batch_size"],
+                                                    world_size, saved)
+    except ValueError as e:
+        return errors.append(str(e))
+    config.update(gradient_accumulation_steps=accum, batch_size=batch)
+    notes.extend([note] if note else [])
+
+
+if init_from != "resume":   # a resumed run decides once its checkpoint is loaded (below)
+    set_micro_batches()
 data, meta = {}, None
-try:
-    meta = check_dataset(data_dir, dataset)   # files present, whole uint16 tokens, sizes and ids as meta.json says
+try:   # the files checked against meta.json, and each split long enough for block_size
+    data, meta = open_dataset(data_dir, dataset, block_size, vocab_size)
 except ValueError as e:
     errors.append(str(e))
-else:
-    for split in ("train", "val"):
-        path = os.path.join(data_dir, dataset, f"{split}.bin")
-        data[split] = np.memmap(path, dtype=np.uint16, mode="r")
-        if len(data[split]) <= block_size + 1:
-            errors.append(f"block_size={block_size} needs more than {block_size + 1} tokens, but {path} holds "
-                          f"{len(data[split])}")
-# the vocabulary is the dataset's: a config may leave vocab_size at 0 or repeat it, never contradict it
-data_vocab = meta["vocab_size"] if meta else 50257
-if vocab_size and vocab_size != data_vocab:
-    errors.append(f"vocab_size={vocab_size}, but {os.path.join(data_dir, dataset, 'meta.json')} says the dataset "
-                  f"has {data_vocab} ({meta['tokenizer'] if meta else 'gpt2'}); leave vocab_size at 0 to take it "
-                  f"from the data")
-vocab_size = config["vocab_size"] = data_vocab
+vocab_size = config["vocab_size"] = meta["vocab_size"] if meta else vocab_size or 50257   # the dataset's
 model_args = {k: config[k] for k in MODEL_FIELDS}   # the settings of the model, as checkpoints keep them
 try:
     model_config = ModelConfig.from_settings(config)
 except ValueError as e:
     errors.append(str(e))
+if wandb_log and master:
+    try:
+        import wandb
+    except ImportError:
+        errors.append("wandb_log=True needs the wandb package: pip install wandb (or leave wandb_log off)")
 ckpt_last, ckpt_best = os.path.join(out_dir, CKPT_LAST), os.path.join(out_dir, CKPT_BEST)
+resume = init_from == "resume"
+finished = not resume and not overwrite and not eval_only and not errors and finished_run(out_dir, config)
+if finished:   # the same command again: say so, touch nothing
+    log(f"{out_dir} holds this run, finished ({finished}): nothing to do; sample it with "
+        f"python sample.py --out_dir={out_dir}, or train it again with --overwrite=True")
+    sys.exit(parallel.end_process_group(ranks))
 lock = None   # held (flock) for the whole run: one run per out_dir; the OS drops it when we die
 if master and not errors:
-    lock, problem = take_out_dir(out_dir, init_from, overwrite, eval_only)
+    lock, problem = take_out_dir(out_dir, "resume" if resume else "scratch", overwrite, eval_only)
     if problem:
         errors.append(problem)
 parallel.stop_on_errors(errors, ranks)
 checkpoint = None
-if init_from == "resume":   # every rank loads it and checks it against its settings
+if init_from != "scratch":   # every rank loads it: ckpt_last.pt to resume, or the weights a new run starts from
     try:
-        checkpoint = load_checkpoint(ckpt_last)
+        checkpoint = load_checkpoint(ckpt_last if resume else find_checkpoint(init_from))
     except ValueError as e:
         errors.append(str(e))
-    else:
-        problems, notes = check_resume(checkpoint, ckpt_last, model_args, config, meta)
-        errors += problems
-        if notes and not errors:
-            log("note: resuming with changed settings (the schedule, not the data): " + ", ".join(notes))
+if resume and checkpoint is not None:
+    saved = tuple(checkpoint.get("config", {}).get(k, config[k]) for k in ("gradient_accumulation_steps", "batch_size"))
+    set_micro_batches(saved)
+    problems, changed = check_resume(checkpoint, ckpt_last, model_args, config, meta)
+    errors += problems
+    if changed:
+        notes.append("note: resuming with changed settings (the schedule, not the data): " + ", ".join(changed))
 parallel.stop_on_errors(errors, ranks)
 
 # --- data: micro-batch j of iteration i is a pure function of (seed, stream, i, j) ----------------------
+gradient_accumulation_steps, batch_size = config["gradient_accumulation_steps"], config["batch_size"]
 torch.manual_seed(seed)  # the model's init: identical on every rank
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 micro_per_rank = gradient_accumulation_steps // world_size
@@ -208,10 +196,13 @@ def get_batch(split, stream, i, j):
 # --- model and optimiser ------------------------------------------------------------------------
 # best_val_loss starts at the step-0 evaluation: a model is "good" (ckpt.pt, the stop message) only if it
 # beats the initial one, so a diverged model with finite but huge weights never becomes the best
-iter_num, best_val_loss, best_iter, skipped_total = 0, float("inf"), None, 0
+iter_num, best_val_loss, best_iter, skipped_total, eval_pending, losses = 0, float("inf"), None, 0, False, {}
 model = build_model(model_config)
 if checkpoint is not None:
-    model.load_state_dict(checkpoint["model"])
+    try:
+        model.load_state_dict(checkpoint["model"])
+    except RuntimeError as e:   # a missing key, a tensor of another shape: named in the one line
+        errors.append(f"{ckpt_last if resume else init_from} does not fit this model: {one_line(e)}")
 model.to(device)
 scalars = parallel.fully_shard_model(model) if fsdp else []   # FSDP2: weights, grads and AdamW state sharded
 decay = [p for p in model.parameters() if p.dim() >= 2]      # matrices and the embedding
@@ -219,12 +210,27 @@ no_decay = [p for p in model.parameters() if p.dim() < 2]    # norms, alpha, tau
 optimizer = torch.optim.AdamW(
     [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
     lr=learning_rate, betas=(beta1, beta2), fused=device_type == "cuda")
-if checkpoint is not None:
-    parallel.load_optimizer_state(model, optimizer, checkpoint["optimizer"], fsdp, scalars)
+if resume and checkpoint is not None and not errors:
+    try:   # AdamW's state; then drop what a killed run logged after its checkpoint
+        parallel.load_optimizer_state(model, optimizer, checkpoint["optimizer"], fsdp, scalars, ckpt_last)
+        if master:
+            trim_log(out_dir, checkpoint["iter_num"])
+    except ValueError as e:
+        errors.append(str(e))
+try:
+    run = wandb.init(project=wandb_project, name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)),
+                     config=config, dir=out_dir) if wandb_log and master and not errors else None   # out_dir/wandb
+except Exception as e:   # e.g. not logged in: one line (WANDB_MODE=offline needs no account)
+    errors.append(f"wandb_log=True but wandb.init failed: {one_line(e)}")
+parallel.stop_on_errors(errors, ranks)
+for note in notes:
+    log(note)
+if checkpoint is not None and not resume:   # a new run from these weights: a fresh optimizer and schedule
+    log(f"starting from the weights of {find_checkpoint(init_from)} (iter {checkpoint['iter_num']})")
+elif checkpoint is not None:
     iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     best_iter, skipped_total = checkpoint.get("best_iter"), checkpoint.get("skipped_total", 0)
-    if master:
-        trim_log(out_dir, iter_num)   # drop what a killed run logged after its checkpoint
+    eval_pending = checkpoint.get("eval_pending", False)
 del checkpoint
 # No RNG state is saved: after the initialisation nothing draws from a global generator (no dropout; each
 # batch comes from its own generator), so a resume is exact without it.
@@ -256,18 +262,23 @@ def get_lr(it):
 
 @torch.no_grad()
 def estimate_loss():
-    """Final-pass CE (no entropy term) on eval_iters fixed batches per split, shared out over ranks."""
+    """Final-pass CE (no entropy term) on eval_iters fixed batches per split, shared out over ranks. A signal
+    stops it between batches (returns None), so a long evaluation never delays the save a signal asks for."""
     model.eval()
     out = {}
-    rounds = -(-eval_iters // world_size)  # FSDP: every rank runs as many forwards (each one gathers)
     for s, split in enumerate(("train", "val")):
         losses = []
-        for k in range(ranks.rank, rounds * world_size if fsdp else eval_iters, world_size):
-            X, Y = get_batch(split, 1 + s, 0, k % eval_iters)  # the same batches at every eval, on any world size
-            with ctx:
-                logits, _ = raw_model(X)
-            if k < eval_iters:
-                losses.append(raw_model.cross_entropy(logits, Y).item())
+        for r in range(-(-eval_iters // world_size)):   # as many rounds on every rank (FSDP gathers in each)
+            if signals.requested():
+                model.train()
+                return None
+            k = r * world_size + ranks.rank                # the same batches at every eval, on any world size
+            if k < eval_iters or fsdp:
+                X, Y = get_batch(split, 1 + s, 0, k % eval_iters)
+                with ctx:
+                    logits, _ = raw_model(X)
+                if k < eval_iters:
+                    losses.append(raw_model.cross_entropy(logits, Y).item())
         out[split] = parallel.all_mean(losses, ranks)
     model.train()
     return out
@@ -282,8 +293,8 @@ def save(path):
     if master:
         ckpt = {"model": model_sd, "model_args": model_args, "config": config, "iter_num": iter_num,
                 "best_val_loss": best_val_loss, "best_iter": best_iter, "meta": meta}
-        if path == ckpt_last:
-            ckpt.update(optimizer=optim_sd, skipped_total=skipped_total)
+        if path == ckpt_last:   # eval_pending: a signal stopped the evaluation of iter_num; the resume does it
+            ckpt.update(optimizer=optim_sd, skipped_total=skipped_total, eval_pending=losses is None)
         save_checkpoint(path, ckpt)
 
 
@@ -293,25 +304,30 @@ log(f"{arch}: {raw_model.num_params():,} parameters | {tokens_per_iter:,} tokens
     f"({gradient_accumulation_steps} x {batch_size} x {block_size}, {world_size} rank(s)) | "
     f"{device} {dtype} | clip {clip:.4g}")
 start_iter, t_start = iter_num, time.time()
-t0, last_grad_norm, bad_in_row = time.time(), float("nan"), 0
+t0, t0_iter, last_grad_norm, bad_in_row = time.time(), iter_num, float("nan"), 0   # t0: the last progress line
 while True:
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
         group["lr"] = lr
 
-    # evaluate, log, checkpoint (the iteration a resumed run starts at was evaluated before the stop)
-    resumed_here = init_from == "resume" and iter_num == start_iter and not eval_only
+    # evaluate, log, checkpoint (the iteration a resumed run starts at was evaluated before the stop, unless a
+    # signal stopped that evaluation)
+    resumed_here = resume and iter_num == start_iter and not eval_only and not eval_pending
     if (iter_num % eval_interval == 0 or iter_num == max_iters) and not resumed_here:
         t_eval = time.time()
-        losses = estimate_loss()
-        finite = math.isfinite(losses["train"]) and math.isfinite(losses["val"])
-        log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
-            f"({time.time() - t_eval:.1f} s)")
-        if master and not eval_only:   # the log line goes first; trim_log() undoes it if the save never comes
-            append_log(out_dir, {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
-                                 "lr": lr, "grad_norm": last_grad_norm if math.isfinite(last_grad_norm) else None,
-                                 "time_s": round(time.time() - t_start, 3), "tokens": iter_num * tokens_per_iter,
-                                 "skipped": skipped_total})
+        losses = estimate_loss()   # None: stopped by a signal, which saves below
+        finite = losses is not None and math.isfinite(losses["train"]) and math.isfinite(losses["val"])
+        if losses is not None:
+            log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
+                f"({time.time() - t_eval:.1f} s)")
+        if master and not eval_only and losses is not None:   # the log line first: trim_log() undoes it if no save
+            row = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"], "lr": lr,
+                   "grad_norm": last_grad_norm if math.isfinite(last_grad_norm) else None,
+                   "time_s": round(time.time() - t_start, 3), "tokens": iter_num * tokens_per_iter,
+                   "skipped": skipped_total}
+            append_log(out_dir, row)
+            if run:
+                run.log(row, step=iter_num)
         # every rank keeps the same best (the losses are global means) and takes part in the saves
         if not eval_only and finite and iter_num == 0 and best_iter is None:
             best_val_loss = losses["val"]  # the bar every "good" checkpoint must clear
@@ -322,15 +338,12 @@ while True:
                 save(ckpt_best)
             save(ckpt_last)
         t0 += time.time() - t_eval  # keep evaluation out of ms/iter
-    if eval_only or iter_num >= max_iters:
+    if (eval_only or iter_num >= max_iters) and losses is not None:
         break
-    if signals.requested():  # after the due evaluation, so a resume from here skips nothing
-        save(ckpt_last)
-        if master:
-            sys.stderr.write(f"train.py: stopped by {signals.name()} at iter {iter_num}; saved {ckpt_last}; "
-                             f"continue with --init_from=resume\n")
-        parallel.end_process_group(ranks)
-        sys.exit(signals.exit_code())
+    if signals.requested():  # after (or during) the due evaluation, so a resume from here skips nothing
+        if not eval_only:
+            save(ckpt_last)
+        signals.exit(iter_num, saved=None if eval_only else ckpt_last)
 
     # forward/backward over this rank's share of the global micro-batches (rank r: r, r+W, r+2W, ...)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -369,8 +382,8 @@ while True:
 
     iter_num += 1
     if iter_num % log_interval == 0:
-        dt = (time.time() - t0) / log_interval
-        t0 = time.time()
+        dt = (time.time() - t0) / (iter_num - t0_iter)   # a resumed run's first line covers fewer iterations
+        t0, t0_iter = time.time(), iter_num
         elapsed = time.time() - t_start  # evaluations included, so the time left includes them too
         left = elapsed / (iter_num - start_iter) * (max_iters - iter_num)
         log(f"iter {iter_num}/{max_iters} ({100 * iter_num / max(1, max_iters):.1f}%): loss {train_loss:.4f}, "
@@ -378,4 +391,6 @@ while True:
             f"MFU {flops_per_iter / dt / peak_flops:.1%} | {fmt_time(elapsed)} elapsed, {fmt_time(left)} left")
 
 log(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, {time.time() - t_start:.1f} s")
+if run:
+    run.finish()
 parallel.end_process_group(ranks)
