@@ -9,12 +9,21 @@ The paper's HLRole analyses on a trained HRM checkpoint and real validation text
     Fast gate g, ||z_L||, ||z_H|| before and after the step, cos(z_H, z_L) after it; norms and cosines
     are per token vector, averaged over tokens. Plus the mean output-fusion weights (w_H, w_L, w_I).
 Steps are numbered i = 1..M as in model.py (H fires when i % T == 0); the paper's table counts from 0.
+The statistics also say how far z_H moved from its prototype z_H0: ||z_H - z_H0|| / ||z_H0||.
+
+    python analyze.py --out_dir=out-char-hrm --depth=0.5,1,2,4 [--json=depth.json]
+
+--depth: depth at inference, for an HRM or a UniTF (not in the paper; recurrent models promise more depth at
+test time than they were trained with). The same weights evaluated with each multiple of the trained depth:
+for HRM with N' = f N Slow firings (T kept) and with T' = f T Fast steps per firing (N kept), for UniTF
+with M' = f M steps; val CE for each.
 """
 
 import argparse
 import json
 import os
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -22,19 +31,45 @@ import torch.nn.functional as F
 
 from checkpoint import CKPT_BEST, load_checkpoint, model_from_checkpoint
 from common import HelpFormatter, check_device, fail
+from model import build_model
 from prepare import check_dataset
 
 
-def load(out_dir, ckpt, device):
+def load(out_dir, ckpt, device, archs=("hrm",), need="the HLRole analyses need an HRM"):
     path = os.path.join(out_dir, ckpt)
     try:   # one line for a missing, truncated, unsafe or foreign file, and for non-finite weights
         ck = load_checkpoint(path)
         model = model_from_checkpoint(ck, path)
     except ValueError as e:
         fail(str(e))
-    if model.config.arch != "hrm":
-        fail(f"{path} is a {model.config.arch!r} model; the HLRole analyses need an HRM")
+    if model.config.arch not in archs:
+        fail(f"{path} is a {model.config.arch!r} model; {need}")
     return model.to(device).eval(), ck
+
+
+def at_depth(model, **steps):
+    """The same weights in a model with other step counts (N, T for HRM; M for UniTF): nothing the state
+    dict holds depends on them, so the weights load as they are."""
+    cfg = replace(model.config, **steps, **({"M": None} if model.config.arch == "hrm" else {}))
+    other = build_model(cfg).to(next(model.parameters()).device).eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+def depth_table(model, batches, device, factors):
+    """Val CE at each multiple of the trained depth: rows (what changed, N, T, M, CE)."""
+    c, rows = model.config, []
+    if c.arch == "hrm":
+        variants = [("N", {"N": max(1, round(c.N * f))}) for f in factors] + \
+                   [("T", {"T": max(1, round(c.T * f))}) for f in factors if f != 1]
+    else:
+        variants = [("M", {"M": max(1, round(c.M * f))}) for f in factors]
+    for what, steps in variants:
+        m = at_depth(model, **steps)
+        rows.append({"varied": what, "N": m.config.N if c.arch == "hrm" else None,
+                     "T": m.config.T if c.arch == "hrm" else None, "M": m.config.M,
+                     "depth": m.config.M / c.M, "ce": val_ce(m, batches, device)})
+    return rows
 
 
 def val_batches(ck, data_dir, n_batches, batch_size, block_size):
@@ -106,7 +141,8 @@ def record_steps(model):
 def step_stats(model, batches, device):
     """Per-step statistics of the first pass, averaged over the batches; and the mean fusion weights."""
     M, T = model.config.M, model.config.T
-    keys = ("gate", "z_L_norm", "z_H_norm_before", "z_H_norm_after", "cos_zH_zL")
+    keys = ("gate", "z_L_norm", "z_H_norm_before", "z_H_norm_after", "cos_zH_zL", "z_H_drift")
+    z_H0 = model.z_H0.float()
     acc = {k: np.zeros(M) for k in keys}
     gates, fusion_w = [], []   # this batch's L_net gate means; the fusion weights
     hooks = [model.L_net.gate.register_forward_hook(lambda m, i, out: gates.append(torch.sigmoid(out.float()).mean().item())),
@@ -118,7 +154,8 @@ def step_stats(model, batches, device):
                 model(x.to(device))
             first = np.array([(z_L.float().norm(dim=-1).mean().item(), zb.float().norm(dim=-1).mean().item(),
                                za.float().norm(dim=-1).mean().item(),
-                               F.cosine_similarity(za.float(), z_L.float(), dim=-1).mean().item())
+                               F.cosine_similarity(za.float(), z_L.float(), dim=-1).mean().item(),
+                               ((za.float() - z_H0).norm(dim=-1) / z_H0.norm()).mean().item())   # from z_H0
                               for _, _, z_L, zb, za in steps[:M]])   # steps of pass 1
             acc["gate"] += np.array(gates[:M])
             for j, k in enumerate(keys[1:]):
@@ -141,7 +178,15 @@ def main(argv=None):
     ap.add_argument("--batch_size", type=int, default=1, help="sequences per batch (the paper: 8 x 1)")
     ap.add_argument("--device", default="cpu", help="cpu, cuda, ...")
     ap.add_argument("--json", default=None, help="write the numbers here")
+    ap.add_argument("--depth", default=None, help="comma-separated multiples of the trained depth (e.g. "
+                    "0.5,1,2,4): val CE at each, for an HRM or a UniTF, instead of the HLRole analyses")
     args = ap.parse_args(argv)
+    try:
+        factors = [float(f) for f in args.depth.split(",")] if args.depth else None
+    except ValueError:
+        factors = []
+    if factors is not None and (not factors or not all(0 < f < 100 for f in factors)):
+        fail(f"--depth={args.depth!r}: give positive multiples of the trained depth, e.g. 0.5,1,2,4")
     # everything checkable before the work
     for key in ("batches", "batch_size"):
         if getattr(args, key) < 1:
@@ -155,6 +200,21 @@ def main(argv=None):
         if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             fail(f"--json {args.json!r} cannot be written: " + ("it is a folder" if os.path.isdir(args.json) else
                  f"the folder {os.path.dirname(args.json)!r} does not exist or is not writable"))
+    if factors:
+        model, ck = load(args.out_dir, args.ckpt, args.device, ("hrm", "unitf"), "depth at inference needs a "
+                         "recurrent model, HRM or UniTF")
+        batches = val_batches(ck, args.data_dir, args.batches, args.batch_size, model.config.block_size)
+        rows = depth_table(model, batches, args.device, factors)
+        print(f"## Depth at inference: {os.path.basename(os.path.normpath(args.out_dir))} ({model.config.arch}, trained "
+              f"at M={model.config.M}), {args.batches * args.batch_size} validation sequences\n")
+        print("| varied | N | T | M | depth / trained | val CE |\n|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['varied']} | {r['N'] or '-'} | {r['T'] or '-'} | {r['M']} | {r['depth']:.2f} | {r['ce']:.4f} |")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"model_args": ck["model_args"], "iter": ck["iter_num"], "rows": rows}, f, indent=1)
+            print(f"wrote {args.json}")
+        return rows
     model, ck = load(args.out_dir, args.ckpt, args.device)
     c = model.config
     batches = val_batches(ck, args.data_dir, args.batches, args.batch_size, c.block_size)
@@ -170,10 +230,11 @@ def main(argv=None):
     print("| model | CE (normal) | CE (H frozen) | ΔCE |\n|---|---|---|---|")
     print(f"| {name} | {ce:.3f} | {ce_frozen:.3f} | {ce_frozen - ce:+.3f} |\n")
     print(f"## HLRole(B-C): step statistics, first pass (i = 1..{c.M}; H fires when i % {c.T} == 0)\n")
-    print("| step | H? | gate | ‖z_L‖ | ‖z_H‖ before | ‖z_H‖ after | cos(z_H, z_L) |\n|---|---|---|---|---|---|---|")
+    print("| step | H? | gate | ‖z_L‖ | ‖z_H‖ before | ‖z_H‖ after | cos(z_H, z_L) | ‖z_H - z_H0‖/‖z_H0‖ |\n"
+          "|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['step']} | {'✓' if r['h_fired'] else ''} | {r['gate']:.3f} | {r['z_L_norm']:.2f} | "
-              f"{r['z_H_norm_before']:.2f} | {r['z_H_norm_after']:.2f} | {r['cos_zH_zL']:.3f} |")
+              f"{r['z_H_norm_before']:.2f} | {r['z_H_norm_after']:.2f} | {r['cos_zH_zL']:.3f} | {r['z_H_drift']:.3f} |")
     print(f"\nmean output-fusion weights: w_H {fusion['w_H']:.3f}, w_L {fusion['w_L']:.3f}, w_I {fusion['w_I']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
