@@ -16,7 +16,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class Failure(SystemExit):
-    """A one-line error: exit status 2, and str() is the line (what a caller in-process, a test, reads)."""
+    """A script's one-line error: exit status 2, and str() is the line."""
 
     def __init__(self, line):
         super().__init__(2)
@@ -27,9 +27,14 @@ class Failure(SystemExit):
 
 
 def fail(msg, prog=None):
-    """Stop with one line on stderr, '<prog>: error: <msg>', and exit status 2. prog: the file that calls
-    fail (train.py, plot.py, ...) unless given."""
-    line = f"{prog or os.path.basename(sys._getframe(1).f_code.co_filename)}: error: {msg}"
+    """Stop with one line, '<prog>: error: <msg>' (prog: the calling file, train.py, plot.py, ...). Called by
+    the script being run, the line goes to stderr and the exit status is 2 (Failure). Called from a module
+    another program imported (a test, docs/sweep.py), nothing is printed: the caller gets a SystemExit whose
+    str() is the line, to handle or let through (then Python prints it)."""
+    caller = sys._getframe(1)
+    line = f"{prog or os.path.basename(caller.f_code.co_filename)}: error: {msg}"
+    if caller.f_globals.get("__name__") != "__main__":
+        raise SystemExit(line)
     print(line, file=sys.stderr, flush=True)
     raise Failure(line)
 

@@ -37,7 +37,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -174,7 +173,11 @@ def tables(args, plots=True):
               (f"{meas['kv_cache_mb']:.2f} | {meas['params'] / 1e6:.3f}M |" if meas else "- | - |"))
     print(f"\niter MB: peak memory one training iteration adds (fresh process, batch 8 x 128); ms/iter: median of "
           f"the runs' logged values, two runs sharing 2 cores; KV cache: 128 positions, float32, batch 1.\n")
-    if plots:
+    missing = [v for v in args.variants if not any(finished(run_dir(args.out, v, s), iters) for s in args.seeds)]
+    if plots and missing:   # a fresh clone has no runs: the committed plot stays as it is
+        print(f"beyond_paper.py: not drawing docs/beyond_paper.png: no finished run of {', '.join(missing)} under "
+              f"{args.out}/; the committed plot is kept", file=sys.stderr)
+    elif plots:
         draw(args, rows)
 
 

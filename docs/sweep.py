@@ -323,7 +323,12 @@ def tables(plots=True):
             ce, fr = slow_ablation(d)
             print(f"| {v} | {ce:.3f} | {fr:.3f} | {fr - ce:+.3f} |")
     print()
-    if plots:
+    missing = [f"{tb}/{v}" for tb, vs in (("char", CHAR), ("bpe", BPE)) for v in vs if not tried(tb, v)]
+    if plots and missing:   # a fresh clone has no runs: the committed plots stay as they are
+        print(f"sweep.py: not drawing docs/sweep_lr.png and docs/sweep_curves.png: no finished run for "
+              f"{len(missing)} variant(s) ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}) under "
+              f"out-sweep/; the committed plots are kept", file=sys.stderr)
+    elif plots:
         draw(best, uni)
 
 
