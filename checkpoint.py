@@ -8,8 +8,10 @@ The run folder (out_dir) train.py writes and sample.py, analyze.py and plot.py r
 
 Each function takes what it needs as arguments, so every script (and a test) can use it alone:
   take_out_dir     lock the folder and refuse to mix two runs in it
-  save_checkpoint  atomic: a temporary file beside the target, fsync, os.replace
+  finished_run     whether the folder holds a finished run of these very settings (nothing to do)
+  save_checkpoint  atomic: a temporary file beside the target, fsync, os.replace; a full disk is one line
   load_checkpoint  weights_only=True (no pickled code runs), one-line errors; model_from_checkpoint
+  find_checkpoint  init_from=<file or out_dir>: the checkpoint a new run starts from
   check_resume     what differs between a checkpoint and the settings of the run resuming it
   append_log, trim_log, read_log
 """
