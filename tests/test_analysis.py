@@ -1,19 +1,19 @@
-"""plot.py and analyze.py on tiny checkpoints made here."""
+"""plot.py and analyze.py on tiny checkpoints made here; plot.py's log reader."""
 
 import json
 
 import pytest
 
-from conftest import read_log, run_train
+from conftest import raw_log, run_train
 
-HRM = ["--arch=hrm", "--N=2", "--T=3", "--K=2", "--max_iters=6", "--eval_interval=3"]
+HRM_NT6 = ["--arch=hrm", "--N=2", "--T=3", "--K=2", "--max_iters=6", "--eval_interval=3"]
 
 
 @pytest.fixture(scope="module")
 def runs(data_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     hrm, tf = str(root / "hrm"), str(root / "tf")
-    run_train(HRM, data_dir, hrm)
+    run_train(HRM_NT6, data_dir, hrm)
     run_train(["--arch=transformer", "--n_layer=2", "--max_iters=6", "--eval_interval=3"], data_dir, tf)
     return hrm, tf
 
@@ -48,7 +48,7 @@ def test_analyze_tables_and_json(runs, data_dir, tmp_path, capsys):
     assert r["delta_ce"] == pytest.approx(r["ce_h_frozen"] - r["ce"]) and r["ce_h_frozen"] != r["ce"]
     assert sum(r["fusion"].values()) == pytest.approx(1.0, abs=1e-5)
     # the CE it reports is the final-pass CE train.py logged for the same weights (other batches: close)
-    assert abs(r["ce"] - read_log(hrm)[-1]["val_loss"]) < 1.0
+    assert abs(r["ce"] - raw_log(hrm)[-1]["val_loss"]) < 1.0
 
 
 def test_frozen_slow_module_keeps_z_H0(runs, data_dir):
@@ -86,7 +86,15 @@ def test_plot_defaults_beside_the_runs_with_iteration_0_and_unigram(runs, capsys
     ax = saved["fig"].axes[0]
     assert "hrm" in ax.get_title() and "tf" in ax.get_title()
     lo, hi = ax.get_ylim()
-    first = read_log(runs[0])[0]
+    first = raw_log(runs[0])[0]
     assert first["iter"] == 0 and lo <= first["val_loss"] <= hi     # iteration 0 on the chart
     labels = [line.get_label() for line in ax.get_lines()]
     assert any(lab.startswith("unigram ") for lab in labels), labels
+
+
+def test_read_log_skips_malformed_lines(tmp_path, capsys):
+    from plot import load_log
+    (tmp_path / "log.jsonl").write_text('{"iter": 4, "val_loss": 2.0}\n{"iter": 0, "val_loss": 5.0}\n'
+                                        '{"iter": 2, "val_l\n[1, 2]\n\n{"iter": 2, "val_loss": 3.0}\n')
+    assert [r["iter"] for r in load_log(str(tmp_path))] == [0, 2, 4]
+    assert capsys.readouterr().err.strip() == f"note: skipped 2 malformed line(s) in {tmp_path / 'log.jsonl'}"

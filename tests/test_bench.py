@@ -10,7 +10,7 @@ import pytest
 
 from bench import model_config, run_worker
 from flops import counted_train_flops, train_flops
-from conftest import ROOT
+from conftest import ROOT, one_error_line, run_script
 
 
 def run_bench(models, tmp_path):
@@ -46,7 +46,9 @@ def test_full_backprop_at_flat_memory_with_grad_ckpt():
     assert iter_mem(24, 2, 48) > 4 * k2   # the same run without checkpoints: the test sees the growth
 
 
-@pytest.mark.slow   # minutes on 2 cores; CI keeps the M=48 and grad_ckpt memory tests
+# slow: minutes on 2 cores. CI measures the K window's and grad_ckpt's memory above; only this one measures
+# K_slow's (its gradient routing is checked in CI: test_equations.py's K_slow tests)
+@pytest.mark.slow
 def test_K_slow_memory_grows_with_firings_not_M():
     """K_slow = 24 firings keeps 24 Slow-firing activations (plus the K Fast steps); with grad_ckpt only states."""
     k2, ks = iter_mem(24, 2, 2), iter_mem(24, 2, 2, K_slow=24)
@@ -64,7 +66,9 @@ def test_flop_model_options():
     assert train_flops(model_config("hrm_nt12_hybrid4", "paper"), 1, 1024) == 4 * C + 8 * pw + 2 * (C + pw)
 
 
-@pytest.mark.slow   # minutes on 2 cores; CI keeps the M=48 and grad_ckpt memory tests
+# slow: minutes on 2 cores. CI checks these options' KV cache on the model (test_decoding.py's
+# test_kv_cache_size) and their FLOP model (test_flop_model_options); only this one runs bench.py's rows for them
+@pytest.mark.slow
 def test_bench_beyond_rows(tmp_path):
     """Two rows of --models=beyond at the tiny preset: KV cache of the attending applications only."""
     (hybrid, ckpt), _ = run_bench("hrm_nt12_hybrid4,hrm_nt12_gradckpt_full", tmp_path)
@@ -111,7 +115,9 @@ def test_counted_flops_see_what_the_paper_model_leaves_out():
     assert 7 * C < k4 - k2 < 9.5 * C        # measured 8.3 C: 2 x 2 x 1.44 C (Fast) + 2 x 1.3 C (Slow)
 
 
-@pytest.mark.slow   # a minute on 2 cores; the worker phases it runs are tested one by one above
+# slow: a minute on 2 cores. CI runs the worker's train phase (the memory tests) and the FLOP models above;
+# only this one runs bench.py whole: every column of a row, the decode floor, the printed table
+@pytest.mark.slow
 def test_bench_tiny_end_to_end(tmp_path):
     rows, p = run_bench("hrm_nt12,tf_l4,unitf_m12", tmp_path)
     assert [r["model"] for r in rows] == ["hrm_nt12", "tf_l4", "unitf_m12"]
@@ -133,9 +139,8 @@ def test_bench_tiny_end_to_end(tmp_path):
 
 
 def test_unknown_model_is_one_line():
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--models=gpt5"],
-                       capture_output=True, text=True, cwd=ROOT)
-    assert p.returncode == 2 and "unknown model(s) ['gpt5']" in p.stderr and "hrm_nt12" in p.stderr
+    line = one_error_line(run_script("bench.py", "--models=gpt5"), prog="bench.py")
+    assert "unknown model(s) ['gpt5']" in line and "hrm_nt12" in line
 
 
 @pytest.mark.slow

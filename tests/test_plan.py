@@ -1,7 +1,6 @@
 """plan.py: the memory of a training iteration, counted on the meta device, against a real
 measured one; fused attention (nothing n x n); the bf16 weight casts; the command line a user gets."""
 
-import os
 import re
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 from bench import model_config, run_worker
-from conftest import ROOT
+from conftest import ROOT, one_error_line, run_script
 from model import ModelConfig, build_model
 from plan import count_iteration
 
@@ -68,6 +67,5 @@ def test_paper_configs_planned_without_memory():
 def test_plan_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("n_embdd = 5\n")
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "plan.py"), str(bad)], capture_output=True, text=True)
-    assert p.returncode == 2 and p.stderr.strip().startswith("plan.py: error:") and "n_embd" in p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1
+    line = one_error_line(run_script("plan.py", str(bad)), prog="plan.py")
+    assert line.startswith("plan.py: error:") and "n_embd" in line

@@ -53,8 +53,8 @@ FAST = ["config/shakespeare_hrm.py && python sample.py", "--learning_rate=1e-3 -
         "nproc_per_node=6 train.py config/equalparam_nt8.py", "config/equalparam_nt8.py --device=cpu"]
 SLOW = ["out-hps-hrm", "out-hps-tf", "out-ms-hrm",   # the HPSearch and MultiSeed loops: 22 torchrun runs
         "tfbaseline_tf_l12.py --batch_size=4",            # plain DDP, which the paper-config line in FAST runs
-        "tfbaseline_tf_l12.py --fsdp=True",               # CI time: tests/test_fsdp.py runs FSDP in CI
-        "shakespeare_char && python train.py config/char_hrm.py",   # CI time: test_repro's char train + sample
+        "tfbaseline_tf_l12.py --fsdp=True",               # CI time: tests/test_distributed.py runs FSDP in CI
+        "shakespeare_char && python train.py config/char_hrm.py",   # CI time: test_training's char train + sample
         "--markdown=80,96"]                                          # docs/MEMORY.md's table: 32 configs planned
 
 

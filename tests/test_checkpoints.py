@@ -1,0 +1,399 @@
+"""Checkpoints and faults: one run per out_dir, no data lost under faults (a full disk, SIGKILL mid-save,
+a kill between the log line and the checkpoint, SIGINT/SIGTERM), exact resume, safe loading, a diverged
+or non-finite run never becoming "good", one clear line for bad input, and a run written by an older
+version of the code that still resumes, samples and analyses.
+
+Each case drives the real train.py in a subprocess at tiny sizes and checks the exit code, the one error
+line (no traceback) and that the files a user already had are unchanged.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from checkpoint import nonfinite_tensors
+from conftest import (ENV, HRM, ROOT, TINY, Evil, by_iter, copy_run, one_error_line, raw_log, run_script,
+                      run_train, snapshot, train_cmd)
+
+# torch.save with a fault at its FAULT_AT_SAVE-th call: "full" writes part of the file and raises ENOSPC (a
+# full disk); "hang" writes part of the file, touches $MARKER and sleeps, for the test to SIGKILL mid-save.
+FAULTY_SAVE = r"""
+import errno, os, runpy, sys, time, torch
+calls = [0]
+real_save = torch.save
+def faulty_save(obj, f, *a, **k):
+    calls[0] += 1
+    if calls[0] < int(os.environ["FAULT_AT_SAVE"]):
+        return real_save(obj, f, *a, **k)
+    f.write(b"PK\x03\x04 part of a checkpoint")
+    if os.environ["FAULT"] == "hang":
+        f.flush()
+        open(os.environ["MARKER"], "w").close()
+        time.sleep(600)
+    raise OSError(errno.ENOSPC, "No space left on device")
+torch.save = faulty_save
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def faulty_train(args, data_dir, out, tmp_path, fault, at, marker=None, wait=True):
+    """train.py (TINY + args) with torch.save failing at its at-th call; a CompletedProcess, or a Popen if not wait."""
+    script = tmp_path / "faulty_save.py"
+    script.write_text(FAULTY_SAVE)
+    cmd = [sys.executable, str(script), *train_cmd(args, data_dir, out)[1:]]
+    env = dict(ENV, FAULT_AT_SAVE=str(at), FAULT=fault, MARKER=marker or "")
+    if not wait:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def run_files(out):
+    """What a refused or failed run must leave as it was: every file of the run (the lock file is the
+    taker's own)."""
+    return snapshot(out, skip={".lock"})
+
+
+# --- one run per out_dir -------------------------------------------------------------------------------
+
+def test_second_run_on_a_busy_out_dir_is_refused(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    cmd = train_cmd(HRM + ["--max_iters=100000", "--eval_interval=100000"], data_dir, out)
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        for line in first.stdout:       # wait until it trains
+            if line.startswith("iter 1/"):
+                break
+        log_before = open(os.path.join(out, "log.jsonl")).read()
+        for extra in (["--overwrite=True"], ["--init_from=resume"]):
+            p = run_train(HRM + ["--max_iters=2"] + extra, data_dir, out, check=False)
+            line = one_error_line(p)
+            assert "is in use by another train.py run" in line and f"pid {first.pid}" in line, line
+        assert open(os.path.join(out, "log.jsonl")).read() == log_before   # nothing interleaved
+        assert first.poll() is None
+    finally:
+        first.kill()
+        first.wait()
+    # the OS dropped the lock with the process: the out_dir can be taken again
+    p = run_train(HRM + ["--max_iters=2", "--overwrite=True"], data_dir, out)
+    assert raw_log(out, "iter") == [0, 2]
+
+
+# --- a new run never silently replaces an old one; a bad out_dir or value is one line, before work -------
+
+def test_new_run_into_a_used_out_dir_is_refused(trained, data_dir, tmp_path):
+    out = copy_run(trained, tmp_path)
+    before = run_files(out)
+    line = one_error_line(run_train(HRM + ["--max_iters=2"], data_dir, out, check=False))
+    assert "already holds a run" in line and "--init_from=resume" in line and "--overwrite=True" in line
+    assert run_files(out) == before
+    run_train(HRM + ["--max_iters=2", "--eval_interval=2", "--overwrite=True"], data_dir, out)
+    assert raw_log(out, "iter") == [0, 2]       # one run in the log, not two
+    assert torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)["iter_num"] == 2
+
+
+@pytest.mark.parametrize("where", ["is_a_file", "under_a_file"])
+def test_bad_out_dir_is_found_before_work(where, data_dir, tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("keep me")
+    out = str(f) if where == "is_a_file" else str(f / "sub")
+    p = run_train(HRM + ["--max_iters=2"], data_dir, out, check=False)
+    line = one_error_line(p)
+    assert "out_dir" in line, line
+    assert "step 0" not in p.stdout and f.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--device=bogus"], "is not a device"),
+    (["--learning_rate=-1"], "learning_rate must be > 0"),
+    (["--beta2=1.5"], "beta2 must be in [0, 1)"),
+    (["--seed=-1"], "seed must be >= 0"),
+    (["--out_dir="], "out_dir is empty"),
+])
+def test_out_of_range_values_are_one_line(args, msg, data_dir, tmp_path):
+    p = run_train(HRM + ["--max_iters=2", *args], data_dir, str(tmp_path / "out2"), check=False, timeout=120)
+    line = one_error_line(p)
+    assert msg in line, line
+    assert "step 0" not in p.stdout
+
+
+# --- a failed save is one line, leaves no temporary, and stale ones are cleaned -----------------------------
+
+def test_failed_save_is_one_line_and_leaves_no_temporary(trained, data_dir, tmp_path):
+    out = copy_run(trained, tmp_path)
+    before = run_files(out)
+    # resume to 6: the first save (ckpt.pt at iter 6) fails as on a full disk
+    p = faulty_train(HRM + ["--max_iters=6", "--eval_interval=2", "--init_from=resume"], data_dir, out, tmp_path,
+                     "full", 1)
+    line = one_error_line(p, code=1)
+    assert "cannot save" in line and "No space left on device" in line and "ckpt_last.pt" in line, line
+    assert not [n for n in os.listdir(out) if ".tmp." in n]
+    after = run_files(out)
+    assert {k: after[k] for k in ("ckpt.pt", "ckpt_last.pt")} == {k: before[k] for k in ("ckpt.pt", "ckpt_last.pt")}
+
+
+def test_stale_temporary_is_removed_on_resume(trained, data_dir, tmp_path):
+    out = copy_run(trained, tmp_path)
+    stale = os.path.join(out, "ckpt_last.pt.tmp.999999")
+    with open(stale, "wb") as f:
+        f.write(b"\0" * 1000)
+    run_train(HRM + ["--max_iters=6", "--eval_interval=2", "--init_from=resume"], data_dir, out)
+    assert not os.path.exists(stale)
+
+
+# --- SIGKILL mid-save, after the log line: the log and the checkpoints stay consistent ---------------------
+
+def test_kill_mid_save_between_log_and_checkpoint(data_dir, tmp_path):
+    """SIGKILL while ckpt.pt of iteration 4 is half written, after the log line for 4: the previous checkpoints
+    still load, as they were; the half-written temporary is all that is left of the save; the resumed run
+    removes it and logs each iteration once, with the numbers of an uninterrupted run."""
+    ref, out = str(tmp_path / "ref"), str(tmp_path / "run")
+    args = HRM + ["--max_iters=6", "--eval_interval=2"]
+    run_train(args, data_dir, ref)
+    # saves: ckpt.pt@2, ckpt_last.pt@2, ckpt.pt@4 <- killed while writing it, after the log line for iter 4
+    marker = str(tmp_path / "writing")
+    proc = faulty_train(args, data_dir, out, tmp_path, "hang", 3, marker, wait=False)
+    while not os.path.exists(marker):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    assert raw_log(out, "iter") == [0, 2, 4]
+    best, last = (torch.load(os.path.join(out, n), weights_only=True) for n in ("ckpt.pt", "ckpt_last.pt"))
+    assert best["iter_num"] == last["iter_num"] == 2                     # still loadable: the previous ones
+    for k in last["model"]:
+        assert torch.equal(best["model"][k], last["model"][k])
+    assert [n for n in os.listdir(out) if ".tmp." in n] == [f"ckpt.pt.tmp.{proc.pid}"]   # the half-written file
+    run_train(args + ["--init_from=resume"], data_dir, out)
+    assert not [n for n in os.listdir(out) if ".tmp." in n]
+    assert torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)["iter_num"] == 6
+    assert raw_log(out, "iter") == raw_log(ref, "iter") == [0, 2, 4, 6]
+    a, b = by_iter(ref), by_iter(out)
+    for it in (4, 6):
+        assert a[it]["val_loss"] == b[it]["val_loss"]
+
+
+# --- resume: exact after a signal; refused where it cannot be exact; schedule changes allowed with a note ---
+
+# SIGTERM slow (CI time): the same handler (parallel.StopSignals) as SIGINT, which CI runs
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
+def test_signal_saves_and_resume_is_exact(sig, data_dir, tmp_path):
+    """Stopped by a signal mid-run, resumed: the same losses, learning rates, weights and best val loss as the
+    uninterrupted run, to the bit (CPU float32)."""
+    ref, out = str(tmp_path / "ref"), str(tmp_path / "run")
+    args = HRM + ["--max_iters=24", "--eval_interval=8", "--log_interval=1"]
+    run_train(args, data_dir, ref)
+    proc = subprocess.Popen(train_cmd(args, data_dir, out), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+    for line in proc.stdout:
+        if line.startswith("iter 5/"):
+            proc.send_signal(sig)
+            break
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, stderr
+    assert "Traceback" not in stderr
+    assert f"stopped by {signal.Signals(sig).name}" in stderr and "--init_from=resume" in stderr, stderr
+    stopped_at = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)["iter_num"]
+    assert 5 <= stopped_at < 24
+    run_train(args + ["--init_from=resume"], data_dir, out)
+    assert raw_log(out, "iter") == raw_log(ref, "iter")   # each iteration once
+    a, b = by_iter(ref), by_iter(out)
+    for it in a:
+        if it > stopped_at:
+            for key in ("train_loss", "val_loss", "grad_norm", "lr"):
+                assert a[it][key] == b[it][key], (it, key)
+    ca = torch.load(os.path.join(ref, "ckpt_last.pt"), weights_only=True)
+    cb = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    assert all(torch.equal(ca["model"][k], cb["model"][k]) for k in ca["model"])
+    for key in ("iter_num", "best_val_loss"):
+        assert ca[key] == cb[key], key
+
+
+def test_resume_with_other_data_settings_is_refused(trained, data_dir, tmp_path):
+    """Other data settings: refused, nothing changed. Another schedule: allowed, with a note; here a learning
+    rate far too high, so val gets worse and the two checkpoints part ways: ckpt.pt keeps the best
+    evaluation, ckpt_last.pt the last."""
+    out = copy_run(trained, tmp_path)
+    before = run_files(out)
+    p = run_train(HRM + ["--max_iters=6", "--init_from=resume", "--batch_size=8", "--seed=7"], data_dir, out,
+                  check=False)
+    line = one_error_line(p)
+    assert "batch_size=4 in the checkpoint vs 8 now" in line and "seed=1337 in the checkpoint vs 7 now" in line, line
+    assert run_files(out) == before
+    p = run_train(HRM + ["--max_iters=8", "--eval_interval=2", "--init_from=resume", "--learning_rate=0.1",
+                         "--warmup_iters=0", "--decay_lr=False"], data_dir, out)
+    assert "note: resuming with changed settings" in p.stdout and "max_iters 4 -> 8" in p.stdout, p.stdout
+    assert "learning_rate 0.003 -> 0.1" in p.stdout
+    best = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    last = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    log = {it: r["val_loss"] for it, r in by_iter(out).items() if it > 0}
+    assert last["iter_num"] == 8
+    assert best["iter_num"] == min(log, key=log.get) != 8
+    assert best["best_val_loss"] == min(log.values())
+
+
+# --- safe loading: damaged, truncated, foreign and pickled checkpoints are refused in one line --------------
+
+@pytest.mark.parametrize("damage,msg", [("nan", "non-finite weights"), ("no_optimizer", "no optimizer state")])
+def test_damaged_checkpoint_is_refused(trained, data_dir, tmp_path, damage, msg):
+    out = copy_run(trained, tmp_path)
+    path = os.path.join(out, "ckpt_last.pt")
+    ck = torch.load(path, weights_only=True)
+    if damage == "nan":
+        ck["model"]["fusion.tau"] = torch.tensor(float("nan"))
+    else:
+        del ck["optimizer"]
+    torch.save(ck, path)
+    line = one_error_line(run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, out, check=False))
+    assert msg in line, line
+
+
+def test_truncated_checkpoint_is_named(trained, data_dir, tmp_path):
+    out = str(tmp_path / "t")
+    os.makedirs(out)
+    data = open(os.path.join(trained, "ckpt_last.pt"), "rb").read()
+    open(os.path.join(out, "ckpt_last.pt"), "wb").write(data[: len(data) // 2])
+    line = one_error_line(run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, out, check=False))
+    assert "cannot load" in line and "ckpt_last.pt" in line, line
+
+
+def test_other_architecture_is_named(trained, data_dir, tmp_path):
+    out = copy_run(trained, tmp_path)
+    p = run_train(["--arch=transformer", "--max_iters=6", "--init_from=resume"], data_dir, out, check=False)
+    assert "holds a different model: arch='hrm' in the checkpoint vs 'transformer' now" in one_error_line(p)
+    p = run_train(HRM + ["--n_embd=64", "--max_iters=6", "--init_from=resume"], data_dir, out, check=False)
+    assert "n_embd=32 in the checkpoint vs 64 now" in one_error_line(p)
+
+
+def test_pickled_code_is_refused(trained, data_dir, tmp_path):
+    """weights_only=True: a checkpoint carrying an arbitrary object is refused, and its code never runs."""
+    out = str(tmp_path / "evil")
+    os.makedirs(out)
+    ck = torch.load(os.path.join(trained, "ckpt_last.pt"), weights_only=True)
+    flag = tmp_path / "pwned"
+    ck["payload"] = Evil(str(flag))
+    torch.save(ck, os.path.join(out, "ckpt_last.pt"))
+    p = run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, out, check=False)
+    assert "holds Python objects other than tensors" in one_error_line(p)
+    assert not flag.exists()
+
+
+# --- non-finite losses: skipped, then the run stops; a diverged model is never "good" ------------------------
+
+def test_diverged_model_never_becomes_the_best(data_dir, tmp_path):
+    """lr 1e6 from the start: the first step makes the weights huge, so iteration 2's evaluation is finite but far
+    worse than iteration 0's, and from iteration 1 on every step is non-finite and skipped. The run stops with
+    exit status 3 after max_nonfinite = 3 of them in a row, names no good checkpoint (none beat the initial
+    model), and ckpt.pt never holds the diverged model: it is absent or strictly better than the initial val.
+    ckpt_last.pt (for resume) holds the last finite model."""
+    out = str(tmp_path / "run")
+    p = run_train(HRM + ["--max_iters=12", "--eval_interval=2", "--learning_rate=1e6", "--warmup_iters=0",
+                         "--decay_lr=False", "--max_nonfinite=3"], data_dir, out, check=False)
+    assert p.returncode == 3, (p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    assert "step skipped (1 in a row, 1 in all)" in p.stdout, p.stdout
+    assert "stopping at iter 3: 3 non-finite iterations in a row (max_nonfinite=3)" in p.stdout, p.stdout
+    assert "last good checkpoint: none (no evaluation beat the initial model)" in p.stdout, p.stdout
+    log = raw_log(out)
+    initial = log[0]["val_loss"]
+    assert any(r["val_loss"] is not None and r["val_loss"] > initial for r in log[1:]), log  # it did diverge
+    assert log[-1]["iter"] == 2 and log[-1]["skipped"] == 1
+    path = os.path.join(out, "ckpt.pt")
+    best = torch.load(path, weights_only=True) if os.path.exists(path) else None
+    logged = {r["iter"]: r["val_loss"] for r in log}
+    assert best is None or (best["best_val_loss"] < initial and logged[best["iter_num"]] < initial), best
+    last = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    assert last["iter_num"] == 2 and not nonfinite_tensors(last["model"])
+
+
+# slow (CI time): the diverged-model test above checks the skip, the stop and exit status 3 in CI, on a run
+# with no good checkpoint; only this one stops a run that has one, which the message names, and checks that
+# ckpt_last.pt keeps that last finite model
+@pytest.mark.slow
+def test_non_finite_iterations_are_skipped_then_stop(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    run_train(HRM + ["--max_iters=2", "--eval_interval=2"], data_dir, out)
+    good = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    # an absurd learning rate: the first step makes the weights ~1e30, every later loss is NaN
+    p = run_train(HRM + ["--max_iters=20", "--eval_interval=2", "--init_from=resume", "--learning_rate=1e30",
+                         "--warmup_iters=0", "--decay_lr=False", "--max_nonfinite=3"], data_dir, out, check=False)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "step skipped (1 in a row, 1 in all)" in p.stdout
+    assert "stopping at iter 5: 3 non-finite iterations in a row" in p.stdout
+    assert f"last good checkpoint: {os.path.join(out, 'ckpt.pt')} (iter 2, val loss" in p.stdout, p.stdout
+    after = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    assert after["iter_num"] == 2                        # the NaN model was never saved
+    for k in good["model"]:
+        assert torch.equal(good["model"][k], after["model"][k])
+    log = raw_log(out)
+    assert log[-1]["iter"] == 4 and log[-1]["skipped"] == 1   # iteration 3 was skipped before the eval at 4
+
+
+# --- a run written by the previous version of the code (tests/data/run_758bc35) ----------------------------
+
+LEGACY_DIR = os.path.join(ROOT, "tests", "data", "run_758bc35")
+LEGACY = ["config/char_hrm.py", *TINY, "--dataset=shakespeare_char", "--n_embd=16", "--n_head=2", "--eval_interval=2"]
+"""The settings of the run in tests/data/run_758bc35, made at commit 758bc35 by
+
+    prepare.prepare_chars(prepare.shakespeare_plays()[:5], "/tmp/legacy/data/shakespeare_char")
+    python train.py *LEGACY --data_dir=/tmp/legacy/data --out_dir=/tmp/legacy/run --max_iters=4
+
+that is: train.py config/char_hrm.py, then conftest's TINY with --dataset=shakespeare_char --n_embd=16
+--n_head=2 (after the config file, so that they win over it), --eval_interval=2 --max_iters=4. Its
+resumed_to_6.jsonl is the line for iteration 6 in log.jsonl after the same command with --max_iters=6
+--init_from=resume, on a copy of that run (what test_legacy_run_resumes runs with today's train.py)."""
+
+
+@pytest.fixture
+def legacy_run(tmp_path):
+    """A copy of the old run's out_dir: its checkpoints and log."""
+    out = str(tmp_path / "legacy")
+    os.makedirs(out)
+    for name in ("ckpt.pt", "ckpt_last.pt", "log.jsonl"):
+        shutil.copy(os.path.join(LEGACY_DIR, name), out)
+    return out
+
+
+def test_legacy_run_resumes(legacy_run, char_data):
+    """Today's train.py resumes the old run from iteration 4 to 6 and logs what the old code did."""
+    # --data_dir and --out_dir again after the config file, which sets out_dir
+    p = run_train(LEGACY + [f"--data_dir={char_data}", f"--out_dir={legacy_run}", "--max_iters=6",
+                            "--init_from=resume"], char_data, legacy_run)
+    assert "max_iters 4 -> 6" in p.stdout, p.stdout
+    with open(os.path.join(LEGACY_DIR, "resumed_to_6.jsonl")) as f:
+        want = json.loads(f.read())
+    log = raw_log(legacy_run)
+    assert [r["iter"] for r in log] == [0, 2, 4, 6]
+    assert {k: v for k, v in log[-1].items() if k != "time_s"} == {k: v for k, v in want.items() if k != "time_s"}
+
+
+def test_legacy_checkpoint_samples(legacy_run):
+    """sample.py loads the old ckpt.pt and prints text in its characters."""
+    s = run_script("sample.py", f"--out_dir={legacy_run}", "--start=ROMEO:", "--num_samples=1", "--max_new_tokens=40",
+                   "--temperature=0")
+    assert s.returncode == 0, s.stderr
+    text = s.stdout.split("---------------")[0]
+    chars = torch.load(os.path.join(legacy_run, "ckpt.pt"), weights_only=True)["meta"]["chars"]
+    assert text.startswith("ROMEO:") and len(text.rstrip("\n")) >= 40 + len("ROMEO:") - 1, text
+    assert set(text) <= set(chars)
+
+
+def test_legacy_checkpoint_analyses(legacy_run, char_data, tmp_path, capsys):
+    """analyze.py reads the old ckpt.pt: the M = 4 steps, the firings at 2 and 4, the fusion weights."""
+    import analyze
+    out = tmp_path / "a.json"
+    analyze.main([f"--out_dir={legacy_run}", f"--data_dir={char_data}", "--batches=2", f"--json={out}"])
+    assert "HLRole(A)" in capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert [s["step"] for s in r["steps"]] == [1, 2, 3, 4]
+    assert [s["h_fired"] for s in r["steps"]] == [False, True, False, True]
+    assert sum(r["fusion"].values()) == pytest.approx(1.0, abs=1e-5)
+    assert abs(r["ce"] - raw_log(legacy_run)[-1]["val_loss"]) < 1.0

@@ -1,0 +1,128 @@
+"""One clear line for every bad input to the tools (configurator, prepare, plot, bench, analyze, sample):
+`<script>.py: error: ...` on stderr, exit status 2, no traceback, and no file of the user's lost.
+(train.py's own bad input is in test_checkpoints.py and test_training.py.)"""
+
+import importlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from conftest import Evil, copy_run, one_error_line, run_script, snapshot, write_docs
+
+# --- every case of the issue ----------------------------------------------------------------------
+# (id, script, args, word in the error line); {name} is filled from the `world` fixture's paths.
+# CASES run as subprocesses of the real entry points: exit status, stderr, no traceback. Every script has
+# some there; the rest (IN_PROCESS) call the script's main() and read the SystemExit, which carries the
+# same line, because each subprocess that imports torch costs 3 s on a 2-core machine.
+
+CASES = [
+    # configurator.py, through sample.py (more cases in test_configurator_cases)
+    ("config_none", "sample.py", ["--out_dir=None"], "cannot be None"),
+    ("config_file_raises", "sample.py", ["{cfg_raises}", "--out_dir={ckpt}"], "{cfg_raises}:3: ZeroDivisionError"),
+    # sample.py
+    ("sample_pickled_code", "sample.py", ["--out_dir={evil}"], "not loaded"),
+    ("sample_non_finite", "sample.py", ["--out_dir={nan}"], "non-finite"),
+    ("sample_binary_prompt", "sample.py", ["--out_dir={ckpt}", "--start=FILE:{binary}"], "not UTF-8"),
+    ("sample_tiny_temperature", "sample.py", ["--out_dir={ckpt}", "--temperature=1e-45"], "too small"),
+    # analyze.py, bench.py
+    ("analyze_pickled_code", "analyze.py", ["--out_dir={evil}"], "not loaded"),
+    ("bench_no_models", "bench.py", ["--preset=tiny", "--models=,"], "names no model; choose from tf_l2"),
+    # prepare.py (each aimed at the prepared dataset `mine`, which must come through untouched)
+    ("prepare_num_proc_0", "prepare.py", ["--data_dir={data}", "--dataset=mine", "--input={docs}", "--num_proc=0"],
+     "--num_proc must be >= 1"),
+    ("prepare_num_proc_neg", "prepare.py", ["--data_dir={data}", "--dataset=mine", "--input={docs}", "--num_proc=-1"],
+     "--num_proc must be >= 1"),
+    ("prepare_data_dir_is_a_file", "prepare.py", ["--data_dir={binary}", "--dataset=mine"], "not a folder"),
+    ("prepare_input_missing", "prepare.py", ["--data_dir={data}", "--dataset=mine", "--input={missing}"], "not found"),
+    ("prepare_input_too_short", "prepare.py", ["--data_dir={data}", "--dataset=mine", "--input={one_char}"],
+     "too little"),
+    ("prepare_dataset_not_a_name", "prepare.py", ["--data_dir={data}", "--dataset=../mine"], "plain folder name"),
+    # plot.py
+    ("plot_empty_log", "plot.py", ["{empty_run}", "--out={tmp}/c.png"], "is empty"),
+    ("plot_only_malformed_lines", "plot.py", ["{garbage_run}", "--out={tmp}/c.png"], "2 malformed"),
+]
+
+
+IN_PROCESS = [
+    ("analyze_no_batches", "analyze", ["--out_dir={ckpt}", "--batches=0"], "--batches must be >= 1"),
+    ("analyze_no_batch_size", "analyze", ["--out_dir={ckpt}", "--batch_size=0"], "--batch_size must be >= 1"),
+    ("analyze_no_cuda", "analyze", ["--out_dir={ckpt}", "--device=cuda"], "CUDA is not available"),
+    ("analyze_json_folder_missing", "analyze", ["--out_dir={ckpt}", "--json={missing}/a.json"], "does not exist"),
+    ("analyze_non_finite", "analyze", ["--out_dir={nan}"], "non-finite"),
+    ("bench_empty_models", "bench", ["--preset=tiny", "--models="], "names no model"),
+    ("bench_json_folder_missing", "bench", ["--preset=tiny", "--models=tf_l2", "--json={missing}/b.json"],
+     "does not exist"),
+    ("bench_no_cuda", "bench", ["--preset=tiny", "--models=tf_l2", "--device=cuda"], "CUDA is not available"),
+    ("plot_missing_log", "plot", ["{missing}", "--out={tmp}/c.png"], "not found"),
+]
+
+
+@pytest.fixture(scope="module")
+def world(trained, tmp_path_factory):
+    """A tiny checkpoint and every bad input the CASES name; then all CASES run, two at a time."""
+    tmp = tmp_path_factory.mktemp("faults")
+    p = {"tmp": str(tmp), "missing": str(tmp / "no_such_thing"), "ckpt": copy_run(trained, tmp, "ckpt")}
+    ck = torch.load(os.path.join(p["ckpt"], "ckpt.pt"), weights_only=True)
+    p["evil"], p["nan"] = str(tmp / "evil"), str(tmp / "nan")
+    for name in ("evil", "nan"):
+        os.makedirs(p[name])
+    p["pwned"] = str(tmp / "pwned")
+    torch.save({**ck, "payload": Evil(p["pwned"])}, os.path.join(p["evil"], "ckpt.pt"))
+    bad = {**ck, "model": dict(ck["model"])}
+    bad["model"]["z_H0"] = torch.full_like(bad["model"]["z_H0"], float("nan"))
+    torch.save(bad, os.path.join(p["nan"], "ckpt.pt"))
+
+    p["cfg_raises"] = str(tmp / "raises.py")
+    (tmp / "raises.py").write_text("import math\nnum_samples = 1\ntemperature = 1 / 0\n")
+    p["binary"] = str(tmp / "binary.dat")
+    (tmp / "binary.dat").write_bytes(b"ROMEO\xff\xfe\x00\x80 binary")
+    p["one_char"] = str(tmp / "one_char.txt")
+    (tmp / "one_char.txt").write_text("x")
+
+    # a prepared dataset with a file of the user's in it: failed prepare.py runs must leave all of it alone
+    from prepare import main as prepare_main
+    p["data"], p["docs"] = str(tmp / "data"), write_docs(str(tmp / "docs"), 3)
+    prepare_main([f"--data_dir={p['data']}", "--dataset=mine", f"--input={p['docs']}", "--num_proc=1"])
+    (tmp / "data" / "mine" / "notes.txt").write_text("mine, not prepare.py's")
+
+    p["empty_run"], p["garbage_run"] = str(tmp / "empty_run"), str(tmp / "garbage_run")
+    os.makedirs(p["empty_run"])
+    (tmp / "empty_run" / "log.jsonl").write_text("")
+    os.makedirs(p["garbage_run"])
+    (tmp / "garbage_run" / "log.jsonl").write_text('{"iter": \nnot json\n\n')
+
+    before = {name: snapshot(p[name]) for name in ("data", "ckpt")}
+    cmds = {case: (script, [a.format(**p) for a in args]) for case, script, args, _ in CASES}
+    with ThreadPoolExecutor(2) as pool:   # two at a time: most of each is importing torch
+        done = dict(zip(cmds, pool.map(lambda c: run_script(c[0], *c[1]), cmds.values())))
+    return p, done, before
+
+
+@pytest.mark.parametrize("case,word", [(c[0], c[3]) for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line(world, case, word):
+    p, done, _ = world
+    script = next(c[1] for c in CASES if c[0] == case)
+    line = one_error_line(done[case], prog=script)
+    assert word.format(**p) in line, line
+
+
+@pytest.mark.parametrize("module,args,word", [c[1:] for c in IN_PROCESS], ids=[c[0] for c in IN_PROCESS])
+def test_bad_input_stops_in_process(world, module, args, word):
+    p = world[0]
+    if "--device=cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main([a.format(**p) for a in args])
+    msg = str(e.value)
+    assert msg.startswith(f"{module}.py: error: ") and word.format(**p) in msg and "\n" not in msg, msg
+
+
+def test_failed_runs_left_every_file_alone(world):
+    p, _, before = world
+    assert {name: snapshot(p[name]) for name in ("data", "ckpt")} == before
+    assert not os.path.exists(p["pwned"])   # the pickled payload never ran
+    assert not os.path.exists(p["missing"])
+    assert sorted(os.listdir(p["data"])) == ["mine"]   # no temporary folder left beside the dataset
+

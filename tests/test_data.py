@@ -1,0 +1,262 @@
+"""prepare.py and the data checks: the GPT-2 tokenizer offline, the Shakespeare slices and splits, local
+text, the character dataset and its unigram reference, check_dataset's corruptions, a prepare.py
+stopped or killed mid-way, and train.py refusing data that contradicts its meta.json."""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ENV, HRM, ROOT, one_error_line, run_script, run_train, snapshot, write_docs
+
+# --- the tokenizer, the Shakespeare plays and their split ----------------------------------------------
+
+def test_tokenizer_is_gpt2_offline():
+    from prepare import get_tokenizer
+    enc = get_tokenizer()
+    assert enc.n_vocab == 50257 and enc.eot_token == 50256
+    assert enc.encode("Hello world") == [15496, 995]  # GPT-2's ids
+    s = "To be, or not to be: that is the question.\n"
+    assert enc.decode(enc.encode(s)) == s
+
+
+def test_prepare_slice(data_dir):
+    from prepare import get_tokenizer, shakespeare_plays, split_documents
+    d = os.path.join(data_dir, "shakespeare")
+    meta = json.load(open(os.path.join(d, "meta.json")))
+    arrays = {s: np.memmap(os.path.join(d, f"{s}.bin"), dtype=np.uint16, mode="r") for s in ("train", "val")}
+    assert {s: len(a) for s, a in arrays.items()} == meta["tokens"]
+    docs = shakespeare_plays()[:5]
+    train, val = split_documents(docs)
+    assert len(train) == 4 and len(val) == 1 and not set(train) & set(val)
+    enc = get_tokenizer()
+    assert arrays["val"].tolist() == enc.encode_ordinary(val[0]) + [enc.eot_token]
+    assert arrays["train"][-1] == enc.eot_token
+
+
+def test_full_split_is_deterministic_and_disjoint():
+    from prepare import shakespeare_plays, split_documents
+    docs = shakespeare_plays()
+    assert len(docs) == 38
+    train, val = split_documents(docs)
+    assert split_documents(docs) == (train, val)
+    assert not set(train) & set(val)
+    assert sum(map(len, val)) / sum(map(len, train + val)) >= 0.05
+
+
+def test_plays_are_plain_text():
+    from prepare import play_text, shakespeare_plays
+    md = "# Title\n\n## ACT I\n\n_Enter ROMEO_\n\n**ROMEO**  \nO, she doth teach\\--the torches  \n*[Aside.]*\n"
+    assert play_text(md) == "Title\n\nACT I\n\nEnter ROMEO\n\nROMEO:\nO, she doth teach--the torches\n[Aside.]\n"
+    plays = shakespeare_plays()
+    text = "".join(t for _, t in plays)
+    assert len(plays) == 38 and "ROMEO:\n" in text and "HAMLET:\n" in text
+    for mark in ("**", "  \n", "_", "#", "\\"):
+        assert mark not in text, mark
+
+
+def test_char_dataset_and_unigram(tmp_path):
+    from prepare import get_codec, load_meta, prepare_chars, shakespeare_plays, split_documents, unigram_ce
+    docs = shakespeare_plays()[:6]
+    counts = prepare_chars(docs, str(tmp_path / "c"))
+    meta = load_meta(str(tmp_path), "c")
+    train, val = split_documents(docs)
+    assert meta["tokenizer"] == "char" and meta["vocab_size"] == len(meta["chars"]) == len(set("".join(train + val)))
+    encode, decode = get_codec(meta)
+    ids = np.fromfile(tmp_path / "c" / "val.bin", dtype=np.uint16)
+    assert counts["val"] == len(ids) and decode(ids.tolist()) == "".join(val)  # the same held-out plays
+    assert encode("ROMEO:") == [meta["chars"].index(ch) for ch in "ROMEO:"]
+    # the unigram CE, written out: add-one smoothed train frequencies scored on val
+    tr = np.fromfile(tmp_path / "c" / "train.bin", dtype=np.uint16)
+    p = (np.bincount(tr, minlength=meta["vocab_size"]) + 1) / (len(tr) + meta["vocab_size"])
+    assert unigram_ce(str(tmp_path), "c") == pytest.approx(-np.log(p[ids]).mean(), rel=1e-12)
+    assert 2.5 < unigram_ce(str(tmp_path), "c") < math.log(meta["vocab_size"])
+
+
+# --- local text, openwebtext without a network ------------------------------------------------------
+
+def test_prepare_local_text_and_missing_input(tmp_path):
+    from prepare import main
+    src = tmp_path / "texts"
+    src.mkdir()
+    for i in range(12):
+        (src / f"doc{i:02d}.txt").write_text(f"Document number {i}. " * 50)
+    counts = main([f"--data_dir={tmp_path}", "--dataset=mine", f"--input={src}", "--num_proc=1"])
+    assert counts["val"] > 0 and counts["train"] > counts["val"]
+    with pytest.raises(SystemExit, match="no .txt or .md files"):
+        main([f"--data_dir={tmp_path}", "--dataset=x", f"--input={tmp_path / 'empty'}"])
+
+
+def test_openwebtext_without_network_is_one_line(tmp_path, monkeypatch):
+    import datasets
+    import prepare
+
+    def no_network(*a, **k):
+        raise ConnectionError("Couldn't reach the Hugging Face Hub")
+    monkeypatch.setattr(datasets, "load_dataset", no_network)
+    with pytest.raises(SystemExit) as e:
+        prepare.main([f"--data_dir={tmp_path}", "--dataset=openwebtext"])
+    assert "could not load openwebtext" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_prepare_one_file_with_bad_bytes(tmp_path):
+    """--input=FILE (a single document: split by its text) works; bytes that are not UTF-8 get a note."""
+    from prepare import check_dataset
+    f = tmp_path / "corpus.txt"
+    f.write_bytes(b"".join(b"line %d of the only document\n" % i for i in range(200)) + b"caf\xe9 \xff\xfe\n")
+    p = run_script("prepare.py", f"--data_dir={tmp_path}", "--dataset=single", f"--input={f}", "--num_proc=1")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert [line for line in p.stderr.splitlines() if line.strip()] == [
+        "note: 3 byte(s) that are not UTF-8 were replaced by U+FFFD in 1 of 1 file(s)"]
+    meta = check_dataset(str(tmp_path), "single")
+    assert meta["tokens"]["train"] > 5 * meta["tokens"]["val"] > 0
+
+
+def test_prepare_folder_of_one_document(tmp_path):
+    from prepare import check_dataset, main
+    src = write_docs(str(tmp_path / "src"), 1)
+    counts = main([f"--data_dir={tmp_path}", "--dataset=one", f"--input={src}", "--num_proc=1"])
+    assert counts["train"] > counts["val"] > 0
+    assert check_dataset(str(tmp_path), "one")["tokens"] == counts
+
+
+# --- check_dataset: a prepared dataset passes, each corruption is named in one line ------------------
+
+def test_check_dataset_accepts_prepared_data(data_dir, tmp_path):
+    from prepare import check_dataset
+    meta = check_dataset(data_dir, "shakespeare")
+    assert meta["tokenizer"] == "gpt2" and set(meta["tokens"]) == {"train", "val"}
+    old = tmp_path / "old"   # a dataset from before meta.json: no meta, nothing to compare
+    old.mkdir()
+    for split in ("train", "val"):
+        np.arange(100, dtype=np.uint16).tofile(old / f"{split}.bin")
+    assert check_dataset(str(tmp_path), "old") is None
+
+
+def _corrupt(kind, d):
+    """Break the dataset in folder d in one way."""
+    meta = json.loads((d / "meta.json").read_text())
+    if kind == "missing":
+        (d / "val.bin").unlink()
+    elif kind == "folder":
+        (d / "val.bin").unlink()
+        (d / "val.bin").mkdir()
+    elif kind == "empty":
+        (d / "train.bin").write_bytes(b"")
+    elif kind == "odd":
+        (d / "val.bin").write_bytes((d / "val.bin").read_bytes() + b"\x00")
+    elif kind == "count":   # val.bin of another run beside this meta.json
+        (d / "val.bin").write_bytes((d / "val.bin").read_bytes()[:-20])
+    elif kind == "vocab":
+        meta["vocab_size"] = 100
+    elif kind == "tokenizer":
+        meta["tokenizer"] = "sentencepiece"
+    (d / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("kind,word", [
+    ("missing", "val.bin not found; run `python prepare.py --dataset=mine` first"),
+    ("folder", "is a folder"), ("empty", "is empty"), ("odd", "odd number"),
+    ("count", "tokens but"), ("vocab", "token id"), ("tokenizer", "unknown tokenizer 'sentencepiece'"),
+])
+def test_check_dataset_names_the_problem(data_dir, tmp_path, kind, word):
+    from prepare import check_dataset
+    d = tmp_path / "mine"
+    shutil.copytree(os.path.join(data_dir, "shakespeare"), d)
+    _corrupt(kind, d)
+    with pytest.raises(ValueError) as e:
+        check_dataset(str(tmp_path), "mine")
+    assert word in str(e.value) and "\n" not in str(e.value)
+
+
+def test_mixed_dataset_is_refused(data_dir, tmp_path):
+    d = tmp_path / "data"
+    shutil.copytree(os.path.join(data_dir, "shakespeare"), d / "shakespeare")
+    with open(d / "shakespeare" / "train.bin", "ab") as f:   # train.bin from another preparation
+        f.write(b"\x01\x00" * 1000)
+    p = run_train(HRM + ["--max_iters=2"], str(d), str(tmp_path / "out"), check=False)
+    line = one_error_line(p)
+    assert "train.bin" in line and "meta.json" in line, line
+    assert "step 0" not in p.stdout
+
+
+# --- prepare.py stopped mid-way: the previous dataset stays whole ------------------------------------
+
+# A kill in the middle of prepare.py: np.memmap is where it starts writing val.bin, after train.bin
+DIE_IN_VAL = r"""
+import os, runpy, sys
+import numpy as np
+real_memmap = np.memmap
+def memmap(path, *a, **k):
+    if os.path.basename(str(path)) == "val.bin" and k.get("mode") == "w+":
+        if os.environ["HOW"] == "interrupt":
+            raise KeyboardInterrupt         # Ctrl-C
+        os._exit(9)                         # as SIGKILL: no cleanup runs at all
+    return real_memmap(path, *a, **k)
+np.memmap = memmap
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("how", ["interrupt", "kill"])
+def test_prepare_stopped_mid_way_keeps_previous_dataset(tmp_path, how):
+    from prepare import check_dataset, main
+    data = str(tmp_path / "data")
+    main([f"--data_dir={data}", "--dataset=mine", f"--input={write_docs(str(tmp_path / 'old'), 3)}", "--num_proc=1"])
+    with open(os.path.join(data, "mine", "notes.txt"), "w") as f:
+        f.write("mine")
+    before = snapshot(os.path.join(data, "mine"))
+    script = tmp_path / "die.py"
+    script.write_text(DIE_IN_VAL)
+    new = write_docs(str(tmp_path / "new"), 4, words="Other, longer words of a new document")
+    p = subprocess.run([sys.executable, str(script), os.path.join(ROOT, "prepare.py"), f"--data_dir={data}",
+                        "--dataset=mine", f"--input={new}", "--num_proc=1"], capture_output=True, text=True,
+                       cwd=ROOT, env=dict(ENV, HOW=how), timeout=300)
+    assert snapshot(os.path.join(data, "mine")) == before   # the old dataset, whole
+    check_dataset(data, "mine")
+    if how == "interrupt":
+        assert "interrupted" in one_error_line(p, code=130, prog="prepare.py")
+        assert os.listdir(data) == ["mine"]
+    else:
+        assert p.returncode == 9
+        assert len(os.listdir(data)) == 2   # the dead process's temporary folder...
+    counts = main([f"--data_dir={data}", "--dataset=mine", f"--input={new}", "--num_proc=1"])
+    assert os.listdir(data) == ["mine"]     # ...goes with the next run
+    assert check_dataset(data, "mine")["tokens"] == counts
+    assert open(os.path.join(data, "mine", "notes.txt")).read() == "mine"
+
+
+@pytest.mark.parametrize("where", ["between_renames", "after_renames"])
+def test_prepare_settles_a_swap_cut_short(tmp_path, where):
+    """A prepare.py killed inside the swap itself: the next run puts the previous dataset back (or keeps the
+    new one) and carries the user's files over; check_dataset says where the old dataset went meanwhile."""
+    from prepare import check_dataset, main
+    data = str(tmp_path / "data")
+    docs = write_docs(str(tmp_path / "docs"), 3)
+    main([f"--data_dir={data}", "--dataset=mine", f"--input={docs}", "--num_proc=1"])
+    with open(os.path.join(data, "mine", "notes.txt"), "w") as f:
+        f.write("mine")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    mine, old, tmp = (os.path.join(data, n) for n in ("mine", f"mine.old.{dead.pid}", f"mine.tmp.{dead.pid}"))
+    os.rename(mine, old)                     # the first rename happened...
+    if where == "between_renames":
+        os.makedirs(tmp)                     # ...the second did not
+        with pytest.raises(ValueError, match=f"killed left the previous dataset in .*mine.old.{dead.pid}"):
+            check_dataset(data, "mine")
+    else:
+        os.makedirs(mine)                    # ...the second did too, the user's files are not yet over
+        for name in ("train.bin", "val.bin", "meta.json"):
+            os.link(os.path.join(old, name), os.path.join(mine, name))
+    main([f"--data_dir={data}", "--dataset=mine", f"--input={docs}", "--num_proc=1"])
+    assert sorted(os.listdir(data)) == ["mine"]
+    assert sorted(os.listdir(mine)) == ["meta.json", "notes.txt", "train.bin", "val.bin"]
+    check_dataset(data, "mine")
+

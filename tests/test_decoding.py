@@ -1,0 +1,181 @@
+"""Decoding (SPEC section 5): the per-application KV cache gives the full forward's logits, greedy
+decoding is the same with and without it, sampling is seeded; and sample.py on a tiny checkpoint."""
+
+import pytest
+import torch
+
+from conftest import V, make, one_error_line, run_script, run_train, tiny
+from model import build_model
+
+# --- cached decoding ------------------------------------------------------------------------------
+
+CACHE_CFGS = [tiny("hrm", N=2, T=2, K=1, S=1), tiny("hrm", N=2, T=2, K=1, S=2),
+              tiny("transformer", n_layer=3), tiny("unitf", M=3, K=1),
+              # fast_attn_steps (SPEC section 8): caches for the attending applications only
+              tiny("hrm", N=3, T=2, K=1, S=2, fast_attn_steps=2), tiny("hrm", N=2, T=2, K=1, fast_attn_steps=0),
+              tiny("hrm", N=2, T=2, K=1, fast_only=True, fast_attn_steps=1)]
+
+
+CACHE_IDS = ["hrm-S1", "hrm-S2", "transformer", "unitf", "hrm-hybrid2-S2", "hrm-rnn", "hrm-fast_only-hybrid1"]
+
+
+@pytest.mark.parametrize("cfg", CACHE_CFGS, ids=CACHE_IDS)
+def test_cached_logits_match_full_forward(cfg):
+    m = make(cfg, scale=4.0).eval()
+    idx = torch.randint(0, V, (2, 50), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        full, _ = m(idx)
+        cache = m.new_cache(2)
+        chunks = [m(idx[:, :12], cache=cache)[0]]                          # prefill
+        chunks += [m(idx[:, t:t + 1], cache=cache)[0] for t in range(12, 40)]  # one token at a time
+        chunks.append(m(idx[:, 40:], cache=cache)[0])                    # a chunk after the prefix
+    cached = torch.cat(chunks, dim=1)
+    assert cache.pos == 50
+    # HRM's cached logits match to ~3e-7 here (a key from a wrong slot moves them by ~1e-4 or less: its
+    # attention enters through alpha = 0.1 and the gates), UniTF's to ~2e-5
+    assert (cached - full).abs().max().item() < (1e-5 if cfg.arch == "hrm" else 1e-4)
+    assert full.std() > 0.1  # logits are not trivially flat
+
+
+def fit_cycle(m, steps=60):
+    """A few Adam steps on a fixed random cycle of tokens, so greedy decoding walks through many tokens."""
+    perm = torch.randperm(V, generator=torch.Generator().manual_seed(8))
+    seq = perm[torch.arange(64) % 37].unsqueeze(0)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    for _ in range(steps):
+        _, loss = m(seq[:, :-1], seq[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return seq
+
+
+@pytest.mark.parametrize("cfg", CACHE_CFGS, ids=CACHE_IDS)
+def test_greedy_cached_equals_uncached(cfg):
+    m = make(cfg)
+    seq = fit_cycle(m)
+    m.eval()
+    prompt = seq[:, 3:11]
+    a = m.generate(prompt, 64, temperature=0, use_cache=True)
+    b = m.generate(prompt, 64, temperature=0, use_cache=False)
+    assert a.shape == (1, 72)
+    assert torch.equal(a, b)
+    assert len(set(a[0, 8:].tolist())) > 3  # greedy output is not one repeated token
+
+
+def test_generate_past_block_size_rebuilds_cache():
+    m = make(tiny("hrm", N=1, T=2, K=1, block_size=24), scale=4.0).eval()
+    prompt = torch.randint(0, V, (2, 20), generator=torch.Generator().manual_seed(7))
+    a = m.generate(prompt, 30, temperature=0, use_cache=True)
+    b = m.generate(prompt, 30, temperature=0, use_cache=False)
+    assert a.shape == (2, 50) and torch.equal(a, b)
+
+
+def test_sampling_is_seeded_and_cache_agnostic():
+    m = make(tiny("transformer", n_layer=2), scale=4.0).eval()
+    prompt = torch.zeros((1, 1), dtype=torch.long)
+    torch.manual_seed(11)
+    a = m.generate(prompt, 20, temperature=0.8, top_k=10)
+    torch.manual_seed(11)
+    b = m.generate(prompt, 20, temperature=0.8, top_k=10, use_cache=False)
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="temperature"):
+        m.generate(prompt, 1, temperature=-1)
+    with pytest.raises(ValueError, match="top_k"):
+        m.generate(prompt, 1, top_k=0)
+
+
+@pytest.mark.parametrize("cfg,apps", [(tiny("hrm", N=2, T=3, S=2), 1 + 2 * 6 + 2 * 2),
+                                      (tiny("transformer", n_layer=3), 3), (tiny("unitf", M=5), 5),
+                                      # 1 + S (k + N) with fast_attn_steps = k; N = 0 without a Slow module
+                                      (tiny("hrm", N=2, T=3, S=2, fast_attn_steps=2), 1 + 2 * (2 + 2)),
+                                      (tiny("hrm", N=2, T=3, S=2, fast_attn_steps=0), 1 + 2 * (0 + 2)),
+                                      (tiny("hrm", N=2, T=3, S=2, fast_attn_steps=3, fast_only=True), 1 + 2 * 3)])
+def test_kv_cache_size(cfg, apps):
+    m = build_model(cfg)
+    assert m.n_cache_apps() == apps
+    cache = m.new_cache(batch_size=3)
+    assert cache.nbytes() == m.kv_cache_bytes(cfg.block_size, batch_size=3)
+    assert m.kv_cache_bytes(100) == 2 * apps * 100 * cfg.n_embd * 4
+    assert m.kv_cache_bytes(100, dtype=torch.bfloat16) == 2 * apps * 100 * cfg.n_embd * 2
+
+
+# --- norm="pre" and the fast_only control: causality and the cache ---------------------------------
+
+PRE = [tiny("hrm", N=2, T=2, K=1, S=2, norm="pre"), tiny("transformer", n_layer=3, norm="pre"),
+       tiny("unitf", M=3, K=1, norm="pre"), tiny("hrm", N=2, T=2, K=1, fast_only=True),
+       tiny("hrm", N=2, T=2, K=1, fast_only=True, norm="pre")]
+
+
+PRE_IDS = ["hrm-pre", "transformer-pre", "unitf-pre", "fast_only", "fast_only-pre"]
+
+
+@pytest.mark.parametrize("cfg", PRE, ids=PRE_IDS)
+def test_pre_norm_and_fast_only_causality_and_cache(cfg):
+    m = make(cfg, scale=4.0).eval()
+    idx = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(5))
+    idx2 = idx.clone()
+    idx2[:, 13] = (idx[:, 13] + 7) % V
+    with torch.no_grad():
+        full, _ = m(idx)
+        b, _ = m(idx2)
+        cache = m.new_cache(2)
+        chunks = [m(idx[:, :12], cache=cache)[0]] + [m(idx[:, t:t + 1], cache=cache)[0] for t in range(12, 30)]
+        chunks.append(m(idx[:, 30:], cache=cache)[0])
+    assert torch.equal(full[:, :13], b[:, :13]) and (full[:, 13:] - b[:, 13:]).abs().max() > 1e-4
+    assert (torch.cat(chunks, 1) - full).abs().max().item() < 1e-4 and full.std() > 0.1
+    c = m.config
+    apps = {"hrm": 1 + c.S * c.M + (0 if c.fast_only else c.S * c.N), "transformer": c.n_layer, "unitf": c.M}[c.arch]
+    assert cache.k.shape[0] == apps == m.n_cache_apps()
+
+
+# --- sample.py on a tiny checkpoint: text out, greedy identical with and without the cache -----------
+
+@pytest.fixture(scope="module")
+def ckpt_dir(data_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("sample"))
+    run_train(["--arch=hrm", "--N=2", "--T=2", "--K=1", "--S=2", "--max_iters=20", "--eval_interval=20",
+               "--learning_rate=1e-2"], data_dir, out)
+    return out
+
+
+def sample(*args):
+    return run_script("sample.py", *args)
+
+
+def test_greedy_identical_with_and_without_cache(ckpt_dir):
+    common = [f"--out_dir={ckpt_dir}", "--temperature=0", "--num_samples=1", "--max_new_tokens=48", "--start=ROMEO:"]
+    a, b = sample(*common), sample(*common, "--use_cache=False")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout.startswith("ROMEO:") and len(a.stdout) > 40
+    assert a.stdout == b.stdout
+    assert "cached" in a.stderr and "full recompute" in b.stderr
+
+
+def test_sampling_is_seeded(ckpt_dir):
+    common = [f"--out_dir={ckpt_dir}", "--num_samples=2", "--max_new_tokens=20"]
+    a, b, c = sample(*common, "--seed=7"), sample(*common, "--seed=7"), sample(*common, "--seed=8")
+    assert a.returncode == b.returncode == c.returncode == 0, a.stderr + c.stderr
+    assert a.stdout.count("\n") >= 2 and a.stderr.count("tokens in") == 2  # two samples were drawn
+    assert a.stdout == b.stdout and a.stdout != c.stdout
+
+
+def test_long_prompt_is_cropped_with_a_note(ckpt_dir, tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("To be, or not to be, that is the question. " * 20)
+    p = sample(f"--out_dir={ckpt_dir}", f"--start=FILE:{prompt}", "--num_samples=1", "--max_new_tokens=5")
+    assert p.returncode == 0, p.stderr
+    assert "over block_size=32; keeping its last 32 tokens" in p.stderr
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--out_dir=/nonexistent"], "no checkpoint at /nonexistent/ckpt.pt"),
+    (["--temperature=-0.5"], "temperature must be >= 0"),
+    (["--top_k=-1"], "top_k must be >= 1"),
+    (["--start=FILE:/nonexistent.txt"], "cannot read the prompt file"),
+    (["--tempreature=1"], "unknown config key 'tempreature'"),
+])
+def test_sample_bad_input_is_one_line(ckpt_dir, args, msg):
+    line = one_error_line(sample(f"--out_dir={ckpt_dir}", *args), prog="sample.py")
+    assert msg in line, line
+
