@@ -66,22 +66,17 @@ def get_tokenizer():
 
 
 def _die_with_parent():
-    """In a tokenizer worker: die when prepare.py dies, even by SIGKILL (Linux's PR_SET_PDEATHSIG), instead of
-    living on as an orphan holding its memory."""
-    global _ORPHAN_GUARD
-    if _ORPHAN_GUARD is None and os.getpid() != _MAIN_PID and sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-        _ORPHAN_GUARD = ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
-        if os.getppid() == 1:   # the parent died before the guard was set
-            os._exit(1)
+    """In a tokenizer worker, right after the fork: die when prepare.py dies, even by SIGKILL (Linux's
+    PR_SET_PDEATHSIG), instead of living on as an orphan holding its memory. An idle pool worker would never
+    notice otherwise: it waits on a queue whose write end it holds itself."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
 
 
-_ORPHAN_GUARD, _MAIN_PID = None, os.getpid()   # workers are forked: a pid other than the importer's
+_WORKERS_GUARDED = []
 
 
 def _tokenize(example):
-    _die_with_parent()
     enc = get_tokenizer()
     ids = enc.encode_ordinary(example["text"]) + [enc.eot_token]  # every document ends with <|endoftext|>
     return {"ids": ids, "len": len(ids)}
@@ -94,6 +89,9 @@ def tokenize_and_write(splits, out_dir, num_proc=1, source=None):
     fingerprint) goes into meta.json, so that preparing the same input again can be skipped.
     """
     from tqdm import tqdm
+    if num_proc > 1 and sys.platform.startswith("linux") and not _WORKERS_GUARDED:   # every worker forked from now
+        os.register_at_fork(after_in_child=_die_with_parent)
+        _WORKERS_GUARDED.append(True)
     counts = {}
     with staged(out_dir) as tmp:
         for split, dset in splits.items():

@@ -18,4 +18,4 @@ T = 4
 K = 12                            # = C: every step of a chunk carries gradient
 S = 4                             # = M / C chunks, detached from each other, a loss each
 grad_ckpt = True                  # steps recomputed in backward: only the states between steps are kept
-warmup_iters = 4800               # max(1000, M*100) for the M = 48 steps of a sequence (SPEC section 6)
+warmup_iters = 4800               # max(1000, M*100) for the M = 48 steps of a sequence (docs/MODEL.md section 6)

@@ -11,7 +11,7 @@ runs' logs and checkpoints:
 
 Every run is config/char_hrm.py (d=128, lr 3e-3, batch 8 x 128 characters) for 300 iterations with N=4,
 T=2: M = 8 instead of the config's 4, so that a pass has 4 Slow firings for hierarchical BPTT to chain
-over. Seeds 1337, 42, 2024. The variants (model.py options, SPEC section 8):
+over. Seeds 1337, 42, 2024. The variants (model.py options, docs/MODEL.md section 8):
   paper-K2    the paper's window: the last K = 2 of M = 8 steps carry gradient
   full        full BPTT, K = M = 8
   full-ckpt   full BPTT with grad_ckpt: the same gradients (so the same CE, to float rounding), flat memory;

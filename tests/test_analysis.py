@@ -1,10 +1,11 @@
 """plot.py and analyze.py on tiny checkpoints made here; plot.py's log reader."""
 
 import json
+import os
 
 import pytest
 
-from conftest import raw_log, run_train
+from conftest import one_error_line, raw_log, run_script, run_train
 
 HRM_NT6 = ["--arch=hrm", "--N=2", "--T=3", "--K=2", "--max_iters=6", "--eval_interval=3"]
 
@@ -98,3 +99,67 @@ def test_read_log_skips_malformed_lines(tmp_path, capsys):
                                         '{"iter": 2, "val_l\n[1, 2]\n\n{"iter": 2, "val_loss": 3.0}\n')
     assert [r["iter"] for r in load_log(str(tmp_path))] == [0, 2, 4]
     assert capsys.readouterr().err.strip() == f"note: skipped 2 malformed line(s) in {tmp_path / 'log.jsonl'}"
+
+
+@pytest.mark.parametrize("case", ["nan_log", "out_folder", "read_only", "unsupported"])
+def test_plot_refuses_before_drawing(case, runs, tmp_path):
+    run = runs[0]
+    out = tmp_path / "chart.png"
+    if case == "nan_log":
+        run = str(tmp_path / "nan")
+        os.makedirs(run)
+        with open(os.path.join(run, "log.jsonl"), "w") as f:
+            f.write('{"iter": 0, "val_loss": NaN}\n{"iter": 2, "val_loss": NaN}\n')
+    elif case == "out_folder":
+        out = tmp_path
+    elif case == "read_only":
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        os.chmod(ro, 0o555)
+        out = ro / "chart.png"
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+    else:
+        out = tmp_path / "chart.xyz"
+    p = run_script("plot.py", run, f"--out={out}")
+    word = {"nan_log": "no finite val_loss", "out_folder": "is a folder", "read_only": "not writable",
+            "unsupported": "matplotlib cannot write .xyz"}[case]
+    assert word in one_error_line(p, prog="plot.py")
+    assert not os.path.exists(tmp_path / "chart.png") and not os.path.exists(tmp_path / "chart.xyz")
+
+
+def test_plot_draws_one_unigram_line_per_dataset(runs, char_data, tmp_path, capsys):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    char = str(tmp_path / "char")
+    run_train(["config/char_hrm.py", "--n_embd=16", "--n_head=2", "--block_size=32", "--batch_size=4",
+               "--eval_iters=2", "--max_iters=2", "--eval_interval=2", f"--out_dir={char}"], char_data, char)
+    import plot
+    saved = {}
+    real = plt.Figure.savefig
+    plt.Figure.savefig = lambda self, *a, **k: saved.setdefault("labels", [t.get_text() for t in self.axes[0].get_legend().get_texts()])
+    try:
+        plot.main([runs[0], char, f"--out={tmp_path / 'c.png'}"])
+    finally:
+        plt.Figure.savefig = real
+    uni = [l for l in saved["labels"] if l.startswith("unigram")]
+    assert len(uni) == 2 and any("(shakespeare)" in l for l in uni) and any("(shakespeare_char)" in l for l in uni), uni
+
+
+def test_depth_at_inference(runs, data_dir, tmp_path):
+    import analyze
+    hrm = runs[0]
+    rows = analyze.main([f"--out_dir={hrm}", f"--data_dir={data_dir}", "--batches=2", "--depth=0.5,1,2",
+                         f"--json={tmp_path / 'd.json'}"])
+    model, ck = analyze.load(hrm, "ckpt.pt", "cpu")
+    batches = analyze.val_batches(ck, data_dir, 2, 1, model.config.block_size)
+    one = [r for r in rows if r["depth"] == 1.0]
+    assert len(one) == 1 and one[0]["ce"] == analyze.val_ce(model, batches, "cpu")   # depth 1 is the model itself
+    c = model.config
+    assert {(r["varied"], r["N"], r["T"]) for r in rows} == {("N", max(1, round(c.N / 2)), c.T), ("N", c.N, c.T),
+                                                            ("N", 2 * c.N, c.T), ("T", c.N, max(1, round(c.T / 2))),
+                                                            ("T", c.N, 2 * c.T)}
+    assert json.load(open(tmp_path / "d.json"))["rows"] == rows
+    with pytest.raises(SystemExit, match="positive multiples"):
+        analyze.main([f"--out_dir={hrm}", "--depth=0,x"])

@@ -39,7 +39,7 @@ def test_train_memory_is_O_K_not_O_M():
 
 
 def test_full_backprop_at_flat_memory_with_grad_ckpt():
-    """grad_ckpt (SPEC section 8): full backprop through M = 48 steps keeps only the states between steps,
+    """grad_ckpt (docs/MODEL.md section 8): full backprop through M = 48 steps keeps only the states between steps,
     so a training iteration's peak stays within 1.3x of the paper's K = 2 (measured: 0.9x; plain K = 48: 17x)."""
     k2, ckpt = iter_mem(24, 2, 2), iter_mem(24, 2, 48, grad_ckpt=True)
     assert ckpt < 1.3 * k2, (k2, ckpt)
@@ -135,7 +135,7 @@ def test_bench_tiny_end_to_end(tmp_path):
     assert hrm["decode_weight_mb"] == pytest.approx((block + 12 * fast + 4 * slow + fusion + V * d) * 4 / 2**20)
     # 17 block applications (1 + M + N) for HRM NT=12 vs 4 for T-L4: 2 * 17 * 192 * 64 * 4 bytes
     assert hrm["kv_cache_mb"] == pytest.approx(2 * 17 * 192 * 64 * 4 / 2**20)
-    assert "| hrm_nt12 |" in p.stdout and "equal SPEC section 5's formula" in p.stdout
+    assert "| hrm_nt12 |" in p.stdout and "equal docs/MODEL.md section 5's formula" in p.stdout
 
 
 def test_unknown_model_is_one_line():

@@ -23,7 +23,8 @@ from conftest import (ENV, HRM, ROOT, TINY, Evil, by_iter, copy_run, one_error_l
                       run_train, snapshot, train_cmd)
 
 # torch.save with a fault at its FAULT_AT_SAVE-th call: "full" writes part of the file and raises ENOSPC (a
-# full disk); "hang" writes part of the file, touches $MARKER and sleeps, for the test to SIGKILL mid-save.
+# full disk); "zip" raises torch's zip-writer RuntimeError instead; "hang" writes part of the file, touches
+# $MARKER and sleeps, for the test to SIGKILL mid-save.
 FAULTY_SAVE = r"""
 import errno, os, runpy, sys, time, torch
 calls = [0]
@@ -33,6 +34,8 @@ def faulty_save(obj, f, *a, **k):
     if calls[0] < int(os.environ["FAULT_AT_SAVE"]):
         return real_save(obj, f, *a, **k)
     f.write(b"PK\x03\x04 part of a checkpoint")
+    if os.environ["FAULT"] == "zip":   # what torch's zip writer raises when the disk fills mid-record
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 2752 vs 2640")
     if os.environ["FAULT"] == "hang":
         f.flush()
         open(os.environ["MARKER"], "w").close()
@@ -397,3 +400,148 @@ def test_legacy_checkpoint_analyses(legacy_run, char_data, tmp_path, capsys):
     assert [s["h_fired"] for s in r["steps"]] == [False, True, False, True]
     assert sum(r["fusion"].values()) == pytest.approx(1.0, abs=1e-5)
     assert abs(r["ce"] - raw_log(legacy_run)[-1]["val_loss"]) < 1.0
+
+
+# --- a full disk, for real (a small tmpfs) and as torch's zip writer reports it ------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A folder on its own small tmpfs (mounting needs root: skipped with the reason where not permitted);
+    yields a function that mounts it at a given size."""
+    mounts = []
+
+    def mount(size):
+        d = tmp_path / f"disk{len(mounts)}"
+        d.mkdir()
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True,
+                           text=True)
+        if p.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({(p.stderr or 'mount failed').strip()[:120]})")
+        mounts.append(d)
+        return d
+    yield mount
+    for d in mounts:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def char_tiny(out, *extra):
+    """The character HRM at the legacy run's sizes (ckpt_last.pt: 251 KB): the config file, then TINY's sizes
+    and the out_dir again (the file sets its own)."""
+    return ["config/char_hrm.py", "--n_embd=16", "--n_head=2", "--block_size=32", "--batch_size=4", "--eval_iters=4",
+            "--log_interval=1", "--warmup_iters=2", "--eval_interval=2", f"--out_dir={out}", *extra]
+
+
+def fill(folder):
+    """Take every free byte of folder's file system."""
+    with open(os.path.join(folder, "filler"), "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_full_disk_on_save_is_one_line(small_disk, char_data):
+    disk = small_disk("200k")   # ckpt.pt (84 KB) fits, ckpt_last.pt (251 KB) does not
+    out = str(disk / "run")
+    p = run_train(char_tiny(out, "--max_iters=4"), char_data, out, check=False)
+    line = one_error_line(p, code=1)
+    assert f"cannot save {out}/ckpt_last.pt at iter 2" in line and "No space left on device" in line, line
+    assert f"intact: {out}/ckpt.pt (iter 2)" in line, line
+    assert sorted(os.listdir(out)) == [".lock", "ckpt.pt", "log.jsonl"]   # no temporary left filling the disk
+
+
+def test_full_disk_on_resume_is_one_line_and_keeps_the_log(small_disk, char_data):
+    disk = small_disk("700k")
+    out = str(disk / "run")
+    run_train(char_tiny(out, "--max_iters=4"), char_data, out)
+    before = snapshot(out, skip=(".lock",))
+    fill(disk)
+    p = run_train(char_tiny(out, "--max_iters=6", "--init_from=resume"), char_data, out, check=False)
+    line = one_error_line(p, code=2)
+    assert "No space left on device" in line and "ckpt_last.pt (iter 4)" in line, line
+    assert snapshot(out, skip=(".lock",)) == before and not [n for n in os.listdir(out) if ".tmp." in n]
+    os.remove(disk / "filler")   # with room again, the same command resumes
+    run_train(char_tiny(out, "--max_iters=6", "--init_from=resume"), char_data, out)
+    assert [r["iter"] for r in raw_log(out)] == [0, 2, 4, 6]
+
+
+def test_full_disk_in_prepare_is_one_line(small_disk):
+    disk = small_disk("1m")   # the character dataset is 10 MB
+    p = run_script("prepare.py", "--dataset=shakespeare_char", f"--data_dir={disk}")
+    line = one_error_line(p, prog="prepare.py")
+    assert "No space left on device" in line and "left as it was" in line, line
+    assert os.listdir(disk) == []   # the staging folder went too
+
+
+def test_zip_writer_error_is_one_line(trained, data_dir, tmp_path):
+    """torch's zip writer reports a full disk as RuntimeError ("unexpected pos ..."), not OSError."""
+    out = copy_run(trained, tmp_path)
+    before = snapshot(out, skip=(".lock",))
+    p = faulty_train(HRM + ["--max_iters=6", "--eval_interval=2", "--init_from=resume"], data_dir, out, tmp_path,
+                     "zip", 1)
+    line = one_error_line(p, code=1)
+    assert "cannot save" in line and "unexpected pos" in line and "intact:" in line, line
+    assert not [n for n in os.listdir(out) if ".tmp." in n]
+    assert {k: v for k, v in snapshot(out, skip=(".lock",)).items() if k.startswith("ckpt")} == \
+        {k: v for k, v in before.items() if k.startswith("ckpt")}
+
+
+# --- damaged checkpoints on resume: one line that names what does not fit ---------------------------------
+
+@pytest.mark.parametrize("damage,words", [
+    ("shape", ["does not fit this model", "size mismatch for L_net.gate.weight"]),
+    ("missing", ["does not fit this model", "Missing key(s)", "fusion.tau"]),
+    ("groups", ["optimizer state does not fit", "parameter group"]),
+    ("moment", ["optimizer state does not fit", "exp_avg"]),
+])
+def test_damaged_checkpoint_on_resume_names_what_does_not_fit(trained, data_dir, tmp_path, damage, words):
+    out = copy_run(trained, tmp_path)
+    path = os.path.join(out, "ckpt_last.pt")
+    ck = torch.load(path, weights_only=True)
+    if damage == "shape":
+        ck["model"]["L_net.gate.weight"] = ck["model"]["L_net.gate.weight"][:, :5].clone()
+    elif damage == "missing":
+        del ck["model"]["fusion.tau"]
+    elif damage == "groups":
+        ck["optimizer"]["param_groups"] = ck["optimizer"]["param_groups"][:1]
+    else:
+        ck["optimizer"]["state"][0]["exp_avg"] = ck["optimizer"]["state"][0]["exp_avg"][:3].clone()
+    torch.save(ck, path)
+    before = snapshot(out, skip=(".lock",))
+    line = one_error_line(run_train(HRM + ["--max_iters=6", "--eval_interval=2", "--init_from=resume"], data_dir,
+                                    out, check=False))
+    assert all(w in line for w in words), line
+    assert snapshot(out, skip=(".lock",)) == before
+
+
+def test_sample_names_the_tensor_that_does_not_fit(trained, tmp_path):
+    out = copy_run(trained, tmp_path)
+    ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    ck["model"]["H_net.proj_out.weight"] = torch.zeros(3, 3)
+    torch.save(ck, os.path.join(out, "ckpt.pt"))
+    line = one_error_line(run_script("sample.py", f"--out_dir={out}", "--max_new_tokens=2"), prog="sample.py")
+    assert "size mismatch for H_net.proj_out.weight" in line, line
+
+
+# --- a signal during a long evaluation saves at once; the resume evaluates that iteration ------------------
+
+def test_signal_during_an_evaluation_saves_and_resume_evaluates(char_data, tmp_path):
+    out = str(tmp_path / "run")
+    args = char_tiny(out, "--max_iters=2", "--eval_iters=1000")   # an evaluation of a few seconds
+    proc = subprocess.Popen(train_cmd(args, char_data, out), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:   # the header comes just before the step-0 evaluation starts
+        if line.startswith("hrm:"):
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM at iter 0" in err, err
+    ck = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    assert ck["iter_num"] == 0 and ck["eval_pending"] is True   # stopped inside the evaluation, not after it
+    assert not os.path.exists(os.path.join(out, "log.jsonl"))
+    run_train(args + ["--init_from=resume"], char_data, out)
+    assert [r["iter"] for r in raw_log(out)] == [0, 2]         # iteration 0 evaluated by the resumed run

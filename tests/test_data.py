@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -102,6 +103,7 @@ def test_openwebtext_without_network_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:
         prepare.main([f"--data_dir={tmp_path}", "--dataset=openwebtext"])
     assert "could not load openwebtext" in str(e.value) and "\n" not in str(e.value)
+    assert "--dataset=openwebtext --input=DIR" in str(e.value)   # the offline way to a stand-in
 
 
 def test_prepare_one_file_with_bad_bytes(tmp_path):
@@ -131,11 +133,6 @@ def test_check_dataset_accepts_prepared_data(data_dir, tmp_path):
     from prepare import check_dataset
     meta = check_dataset(data_dir, "shakespeare")
     assert meta["tokenizer"] == "gpt2" and set(meta["tokens"]) == {"train", "val"}
-    old = tmp_path / "old"   # a dataset from before meta.json: no meta, nothing to compare
-    old.mkdir()
-    for split in ("train", "val"):
-        np.arange(100, dtype=np.uint16).tofile(old / f"{split}.bin")
-    assert check_dataset(str(tmp_path), "old") is None
 
 
 def _corrupt(kind, d):
@@ -260,3 +257,56 @@ def test_prepare_settles_a_swap_cut_short(tmp_path, where):
     assert sorted(os.listdir(mine)) == ["meta.json", "notes.txt", "train.bin", "val.bin"]
     check_dataset(data, "mine")
 
+
+
+def test_dataset_without_meta_json_is_refused_with_the_rebuild_command(data_dir, tmp_path):
+    from prepare import check_dataset
+    old = tmp_path / "old"   # token files without their meta.json: no tokenizer to read them with
+    old.mkdir()
+    for split in ("train", "val"):
+        np.arange(100, dtype=np.uint16).tofile(old / f"{split}.bin")
+    with pytest.raises(ValueError, match=r"meta.json not found.*python prepare.py --dataset=old"):
+        check_dataset(str(tmp_path), "old")
+    p = run_train(["--dataset=old", "--block_size=16"], str(tmp_path), str(tmp_path / "out"), check=False)
+    assert "run `python prepare.py --dataset=old` to rebuild the dataset" in one_error_line(p)
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_again_is_up_to_date(tmp_path):
+    from prepare import main
+    data = str(tmp_path / "data")
+    docs = write_docs(str(tmp_path / "docs"), 3)
+    args = [f"--data_dir={data}", "--dataset=mine", f"--input={docs}", "--num_proc=1"]
+    counts = main(args)
+    before = snapshot(os.path.join(data, "mine"))
+    p = run_script("prepare.py", *args)
+    assert p.returncode == 0 and "is up to date" in p.stdout and "nothing to do" in p.stdout, p.stdout + p.stderr
+    assert snapshot(os.path.join(data, "mine")) == before and main(args) == counts
+    with open(os.path.join(docs, "d0.txt"), "a") as f:   # other input: prepared again
+        f.write(" More words.")
+    assert main(args)["train"] != counts["train"] or main(args)["val"] != counts["val"]
+    assert "up to date" not in run_script("prepare.py", *args, "--force").stdout
+
+
+def test_prepare_workers_die_with_it(tmp_path):
+    """kill -9 of prepare.py takes its tokenizer workers with it (they used to live on, 300 MB each)."""
+    data = str(tmp_path / "data")
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "prepare.py"), f"--data_dir={data}", "--num_proc=2"],
+                            cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def children():
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+    deadline = time.time() + 120
+    while len(children()) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    workers = children()   # killed as soon as they exist: idle workers must die too
+    assert len(workers) >= 2, "no tokenizer workers started"
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 30
+    while any(os.path.exists(f"/proc/{w}") and open(f"/proc/{w}/stat").read().split()[2] != "Z" for w in workers) \
+            and time.time() < deadline:
+        time.sleep(0.2)
+    alive = [w for w in workers if os.path.exists(f"/proc/{w}") and open(f"/proc/{w}/stat").read().split()[2] != "Z"]
+    assert not alive, f"workers {alive} outlived prepare.py"

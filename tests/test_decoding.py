@@ -1,17 +1,22 @@
-"""Decoding (SPEC section 5): the per-application KV cache gives the full forward's logits, greedy
+"""Decoding (docs/MODEL.md section 5): the per-application KV cache gives the full forward's logits, greedy
 decoding is the same with and without it, sampling is seeded; and sample.py on a tiny checkpoint."""
+
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import V, make, one_error_line, run_script, run_train, tiny
+from conftest import ENV, ROOT, V, make, one_error_line, run_script, run_train, tiny
 from model import build_model
 
 # --- cached decoding ------------------------------------------------------------------------------
 
 CACHE_CFGS = [tiny("hrm", N=2, T=2, K=1, S=1), tiny("hrm", N=2, T=2, K=1, S=2),
               tiny("transformer", n_layer=3), tiny("unitf", M=3, K=1),
-              # fast_attn_steps (SPEC section 8): caches for the attending applications only
+              # fast_attn_steps (docs/MODEL.md section 8): caches for the attending applications only
               tiny("hrm", N=3, T=2, K=1, S=2, fast_attn_steps=2), tiny("hrm", N=2, T=2, K=1, fast_attn_steps=0),
               tiny("hrm", N=2, T=2, K=1, fast_only=True, fast_attn_steps=1)]
 
@@ -179,3 +184,47 @@ def test_sample_bad_input_is_one_line(ckpt_dir, args, msg):
     line = one_error_line(sample(f"--out_dir={ckpt_dir}", *args), prog="sample.py")
     assert msg in line, line
 
+
+
+def test_sample_streams_and_ctrl_c_keeps_the_text(ckpt_dir):
+    """Text appears while generating (10^7 tokens would take hours), and Ctrl-C keeps it: exit 130, one line."""
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "sample.py"), f"--out_dir={ckpt_dir}",
+                             "--num_samples=1", "--max_new_tokens=10000000", "--start=ROMEO:"],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    got = b""
+    while len(got) < 40:   # streamed: these bytes come long before the sample could have ended
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        assert chunk, proc.stderr.read().decode()[-2000:]
+        got += chunk
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    text = (got + out).decode()
+    assert proc.returncode == 130, err
+    assert text.startswith("ROMEO:") and len(text) > 40
+    lines = [l for l in err.decode().splitlines() if l.strip()]
+    assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err.decode(), err
+
+
+def test_streamed_text_equals_decoding_it_all_at_once(ckpt_dir):
+    """BPE tokens can end inside a character: the streamed text must still be decode(all tokens)."""
+    from checkpoint import load_checkpoint, model_from_checkpoint
+    from prepare import get_codec
+    ck = load_checkpoint(os.path.join(ckpt_dir, "ckpt.pt"))
+    model = model_from_checkpoint(ck).eval()
+    encode, decode = get_codec(ck["meta"])
+    start = "ROMEO: ¿qué? ☃"
+    y = model.generate(torch.tensor([encode(start)]), 60, temperature=0)
+    p = run_script("sample.py", f"--out_dir={ckpt_dir}", f"--start={start}", "--num_samples=1",
+                   "--max_new_tokens=60", "--temperature=0")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == decode(y[0].tolist()) + "\n"
+
+
+def test_prompt_characters_outside_a_char_vocabulary_are_named(char_data, tmp_path):
+    out = str(tmp_path / "c")
+    run_train(["config/char_hrm.py", "--n_embd=16", "--n_head=2", "--block_size=32", "--batch_size=4",
+               "--eval_iters=2", "--max_iters=2", "--eval_interval=2", f"--out_dir={out}"], char_data, out)
+    p = run_script("sample.py", f"--out_dir={out}", "--start=ROMEO: ☃{", "--num_samples=1", "--max_new_tokens=5")
+    assert p.returncode == 0, p.stderr
+    note = [l for l in p.stderr.splitlines() if l.startswith("note:")]
+    assert len(note) == 1 and "'{☃'" in note[0] and "read as a space" in note[0], p.stderr

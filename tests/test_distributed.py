@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from checkpoint import load_checkpoint, model_from_checkpoint
-from conftest import HRM, by_iter, one_error_line, raw_log, run_train
+from conftest import HRM, ROOT, by_iter, one_error_line, raw_log, run_train
 
 # --- FSDP ----------------------------------------------------------------------------------------------
 
@@ -116,3 +116,33 @@ def test_ddp_splits_a_one_rank_config(data_dir, tmp_path):
     assert "note: 2 ranks: gradient_accumulation_steps 1 -> 2, batch_size 4 -> 2 (the same global batch)" in p.stdout
     assert "8 x 32, 2 rank(s)" not in p.stdout and "2 x 2 x 32, 2 rank(s)" in p.stdout, p.stdout
 
+
+
+def test_bad_input_under_torchrun_is_one_line_from_rank_0(data_dir, tmp_path):
+    p = run_train(HRM + ["--beta1=2.0"], data_dir, str(tmp_path / "o"), check=False, nproc=2)
+    ours = [l for l in p.stderr.splitlines() if l.startswith("train.py")]
+    assert ours == ["train.py: error: beta1 must be in [0, 1), got 2.0"], p.stderr[-3000:]
+    assert 'File "' + os.path.join(ROOT, "train.py") not in p.stderr   # no traceback from our code
+    assert "note:" not in p.stdout   # nothing else before the one line
+    assert not (tmp_path / "o").exists()
+
+
+def test_resume_under_another_world_size(data_dir, tmp_path):
+    """2 ranks -> 1 keeps the checkpoint's micro-batches (the same tokens); 1 -> 2 would split them: one line."""
+    two = str(tmp_path / "two")
+    run_train(HRM + ["--max_iters=2", "--eval_interval=2"], data_dir, two, nproc=2)   # 1 x 4 split into 2 x 2
+    p = run_train(HRM + ["--max_iters=4", "--eval_interval=2", "--init_from=resume"], data_dir, two)
+    assert "resuming with the checkpoint's micro-batches" in p.stdout, p.stdout
+    ref = str(tmp_path / "ref")   # one process running the 2 x 2 micro-batches from the start
+    run_train(HRM + ["--max_iters=4", "--eval_interval=2", "--gradient_accumulation_steps=2", "--batch_size=2"],
+              data_dir, ref)
+    a, b = by_iter(two), by_iter(ref)
+    assert a.keys() == b.keys() == {0, 2, 4}
+    for i in a:
+        assert a[i]["val_loss"] == pytest.approx(b[i]["val_loss"], abs=1e-5), (i, a[i], b[i])
+    one = str(tmp_path / "one")
+    run_train(HRM + ["--max_iters=2", "--eval_interval=2"], data_dir, one)
+    p = run_train(HRM + ["--max_iters=4", "--eval_interval=2", "--init_from=resume"], data_dir, one, check=False,
+                  nproc=2)
+    ours = [l for l in p.stderr.splitlines() if l.startswith("train.py")]
+    assert len(ours) == 1 and "would split" in ours[0] and "divides 1: 1" in ours[0], p.stderr[-3000:]

@@ -6,6 +6,7 @@ the last --key=value win), and torchrun starts 2 ranks instead of the README's 6
 opens the two quick-start commands is left out (CI runs it); the test command is .ci/run itself.
 """
 
+import json
 import os
 import re
 import shutil
@@ -14,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, snapshot
 
 TINY = ("--device=cpu --dtype=float32 --n_embd=32 --n_head=4 --block_size=32 --batch_size=2 --max_iters=2 "
         "--eval_interval=2 --eval_iters=1 --log_interval=1 --warmup_iters=1")
@@ -49,12 +50,14 @@ def strip_pip(cmd):
     return re.sub(r"^python -m pip install [^&]*&& ", "", cmd)
 
 
-FAST = ["config/shakespeare_hrm.py && python sample.py", "--learning_rate=1e-3 --out_dir=out-hrm-lr1e-3",
+QUICK_START = "shakespeare_char && python train.py config/char_hrm.py"
+FAST = [QUICK_START,                                            # first: the commands after it use its data and run
+        "--nproc_per_node=2 train.py config/char_hrm.py", "--init_from=out-char-hrm --out_dir=out-char-hrm-ft",
+        "config/shakespeare_hrm.py && python sample.py", "--learning_rate=1e-3 --out_dir=out-hrm-lr1e-3",
         "nproc_per_node=6 train.py config/equalparam_nt8.py", "config/equalparam_nt8.py --device=cpu"]
 SLOW = ["out-hps-hrm", "out-hps-tf", "out-ms-hrm",   # the HPSearch and MultiSeed loops: 22 torchrun runs
         "tfbaseline_tf_l12.py --batch_size=4",            # plain DDP, which the paper-config line in FAST runs
         "tfbaseline_tf_l12.py --fsdp=True",               # CI time: tests/test_distributed.py runs FSDP in CI
-        "shakespeare_char && python train.py config/char_hrm.py",   # CI time: test_training's char train + sample
         "--markdown=80,96"]                                          # docs/MEMORY.md's table: 32 configs planned
 
 
@@ -96,6 +99,13 @@ def test_readme_command_runs(key, repo):
     p = run(cmd, repo)
     if "sample.py" in cmd:   # it trained and sampled: text came out
         assert "tok/s" in p.stderr and len(p.stdout.strip()) > 20, p.stdout
+    if key == QUICK_START:   # pasted again: nothing is prepared or trained again, and it samples again
+        run_dir = repo / "out-char-hrm"
+        before = snapshot(str(run_dir)), snapshot(str(repo / "data" / "shakespeare_char"))
+        again = run(cmd, repo)
+        assert "is up to date" in again.stdout and "finished" in again.stdout and "nothing to do" in again.stdout
+        assert "tok/s" in again.stderr and again.stdout.count("ROMEO:") >= 1, again.stdout
+        assert (snapshot(str(run_dir)), snapshot(str(repo / "data" / "shakespeare_char"))) == before
 
 
 @pytest.mark.slow
@@ -103,3 +113,46 @@ def test_readme_command_runs(key, repo):
 def test_readme_loops_run(key, repo):
     (cmd,) = [c for c in readme_commands() if key in c]
     run(cmd, repo)
+
+
+# --- the quick start's figures: deterministic on CPU in float32, so quoted exactly and checked ---------
+
+def quick_start_losses():
+    """{iteration: val loss} from the README's quick-start table."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    m = re.search(r"^\| iteration \|(.+)\|\n\|[-| ]+\|\n\| val loss \|(.+)\|$", text, flags=re.M)
+    assert m, "the README's quick-start table is missing"
+    its, vals = ([c.strip() for c in row.split("|")] for row in m.groups())
+    return {int(i): float(v) for i, v in zip(its, vals)}
+
+
+@pytest.fixture(scope="module")
+def all_plays_char(tmp_path_factory):
+    """The quick start's dataset: every play, one token per character (python prepare.py --dataset=shakespeare_char)."""
+    from prepare import prepare_chars, shakespeare_plays
+    d = tmp_path_factory.mktemp("quickstart")
+    prepare_chars(shakespeare_plays(), str(d / "shakespeare_char"))
+    return str(d)
+
+
+def run_quick_start(data, out, max_iters):
+    """train.py config/char_hrm.py as the quick start runs it; with max_iters < 400 and lr_decay_iters=400 its
+    first iterations are exactly the quick start's (the same schedule, the same batches)."""
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "config/char_hrm.py", f"--data_dir={data}",
+           f"--out_dir={out}", f"--max_iters={max_iters}", "--lr_decay_iters=400"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return {r["iter"]: r["val_loss"] for r in map(json.loads, open(os.path.join(out, "log.jsonl")))}
+
+
+def test_quick_start_first_losses_are_the_readmes(all_plays_char, tmp_path):
+    quoted = quick_start_losses()
+    got = run_quick_start(all_plays_char, str(tmp_path / "qs"), 100)
+    assert {i: round(got[i], 4) for i in (0, 100)} == {i: quoted[i] for i in (0, 100)}, (got, quoted)
+
+
+@pytest.mark.slow   # the whole quick start (400 iterations); CI checks its first 100 above
+def test_quick_start_losses_are_the_readmes(all_plays_char, tmp_path):
+    quoted = quick_start_losses()
+    got = run_quick_start(all_plays_char, str(tmp_path / "qs"), 400)
+    assert {i: round(v, 4) for i, v in got.items()} == quoted, (got, quoted)

@@ -2,7 +2,7 @@
 
 Two references, for two questions:
   - `hrm_reference` calls no module of model.py: every RMSNorm, attention, RoPE rotation, SwiGLU, gate and
-    fusion is spelled out from SPEC sections 1-2 on the model's own weights, so a model that computes a
+    fusion is spelled out from docs/MODEL.md sections 1-2 on the model's own weights, so a model that computes a
     different equation (g and 1 - g swapped, a reordered context, the Slow module fed a stale z_L, a flipped
     entropy sign) disagrees with it. It runs every step in full autograd: forward values and K = M gradients.
   - `hrm_windowed_loss` runs the model's own modules step by step and cuts the gradient by hand where
@@ -39,7 +39,7 @@ def rope(x):
 
 
 def block(x, p):
-    """SPEC 1: a = MHSA_causal(x); x' = RMSNorm(x + a); x'' = RMSNorm(x' + SwiGLU(x'))."""
+    """docs/MODEL.md section 1: a = MHSA_causal(x); x' = RMSNorm(x + a); x'' = RMSNorm(x' + SwiGLU(x'))."""
     B, t, d = x.shape
     hd = d // H
     q, k, v = (x @ p["attn.qkv.weight"].T).split(d, dim=-1)
@@ -285,7 +285,7 @@ def test_chunked_bptt_is_S_passes_of_C_steps(batch):
     assert chunked.n_cache_apps() == full.n_cache_apps()
 
 
-# --- K_slow: the last Slow firings carry gradient too (SPEC section 8) -------------------------------
+# --- K_slow: the last Slow firings carry gradient too (docs/MODEL.md section 8) -------------------------------
 
 def test_K_slow_gradient_routing(batch):
     """K_slow = 3 of N = 4 firings, Fast window K = 1 (only step 8): gradient runs back along z_H across

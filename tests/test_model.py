@@ -10,7 +10,7 @@ import torch
 from conftest import V, make, tiny
 from model import ModelConfig, apply_rope, build_model, rope_table
 
-# --- SPEC section 3: the paper's sizes, to the parameter --------------------------------------
+# --- docs/MODEL.md section 3: the paper's sizes, to the parameter --------------------------------------
 
 PAPER_SIZES = [
     (dict(arch="hrm", n_embd=4096, N=4, T=3, K=2), 1_229_357_059),
@@ -93,7 +93,7 @@ def test_invalid_config_names_field(kw, field):
         ModelConfig(**{**dict(n_embd=32, n_head=4), **kw})
 
 
-# --- RoPE (SPEC section 1: rotate-half, base 10000) -------------------------------------------------
+# --- RoPE (docs/MODEL.md section 1: rotate-half, base 10000) -------------------------------------------------
 
 def test_rope_is_rotate_half():
     """apply_rope (one roll, signed sin table) equals RoPE written out: x1*cos - x2*sin, x2*cos + x1*sin."""
@@ -132,7 +132,7 @@ def test_causality(cfg):
     assert (a[:, t:] - b[:, t:]).abs().max() > 1e-4  # and the change does reach t and after
 
 
-# --- initialisation (SPEC section 4) -------------------------------------------------------------
+# --- initialisation (docs/MODEL.md section 4) -------------------------------------------------------------
 
 def _std_ok(t, std):
     # the sample std of n normals has relative standard error ~ 1/sqrt(2n); allow 6 of those
@@ -252,7 +252,7 @@ def test_pre_norm_block_formula():
     torch.testing.assert_close(blk(x, rope), blk.norm2(post + blk.mlp(post)), rtol=0, atol=0)
 
 
-# --- fast_attn_steps (SPEC section 8): which Fast steps attend --------------------------------------
+# --- fast_attn_steps (docs/MODEL.md section 8): which Fast steps attend --------------------------------------
 
 @pytest.mark.parametrize("N,T,k,steps", [(3, 2, 1, {6}), (3, 2, 2, {3, 6}), (3, 2, 3, {2, 4, 6}), (4, 2, 3, {3, 6, 8}),
                                          (3, 2, 6, {1, 2, 3, 4, 5, 6}), (3, 2, None, {1, 2, 3, 4, 5, 6})])

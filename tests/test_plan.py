@@ -1,6 +1,7 @@
 """plan.py: the memory of a training iteration, counted on the meta device, against a real
 measured one; fused attention (nothing n x n); the bf16 weight casts; the command line a user gets."""
 
+import os
 import re
 import subprocess
 import sys
@@ -69,3 +70,11 @@ def test_plan_errors_are_one_line(tmp_path):
     bad.write_text("n_embdd = 5\n")
     line = one_error_line(run_script("plan.py", str(bad)), prog="plan.py")
     assert line.startswith("plan.py: error:") and "n_embd" in line
+
+
+@pytest.mark.parametrize("arg", ["--gpu_mem_gb=nan", "--gpu_mem_gb=inf", "--reserve_gb=nan"])
+def test_plan_refuses_non_finite_sizes(arg):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "plan.py"), "config/equalparam_nt12.py", arg],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.startswith("plan.py: error:") and "finite" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

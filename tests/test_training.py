@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ENV, HRM, ROOT, TINY, one_error_line, raw_log, run_script, run_train
+from conftest import ENV, HRM, ROOT, TINY, copy_run, one_error_line, raw_log, run_script, run_train, snapshot, train_cmd
 from configurator import ConfigError, apply_config
 from model import ModelConfig, build_model
 from plan import train_defaults
@@ -116,7 +116,7 @@ def test_hrm_clip_is_K_over_M(data_dir, tmp_path):
 
 def paper_size(arch, d, n_layer, V=50257):
     if arch == "hrm":
-        return V * d + 61 * d * d + 23 * d + 3   # SPEC section 2: 1,229,357,059 at d=4096
+        return V * d + 61 * d * d + 23 * d + 3   # docs/MODEL.md section 2: 1,229,357,059 at d=4096
     if arch == "transformer":
         return n_layer * (16 * d * d + 2 * d) + V * d
     return 16 * d * d + 2 * d + V * d
@@ -324,3 +324,116 @@ def test_compile_matches_eager_without_recompiles(arch, data_dir, tmp_path):
     for x, y in zip(losses(e.stdout), losses(logs[1])):
         assert abs(x - y) < 1e-4, (losses(e.stdout), losses(logs[1]))
 
+
+
+# --- numbers: a NaN or Inf setting, and a model setting the architecture would ignore, are one line --------
+
+@pytest.mark.parametrize("setting", ["learning_rate = 1e999", "min_lr = math.nan", "weight_decay = math.nan",
+                                     "ent_lambda = math.inf", "grad_clip = math.nan", "beta2 = math.nan",
+                                     "unitf_init_c = math.nan"])
+def test_non_finite_settings_are_one_line(setting, data_dir, tmp_path):
+    cfg = tmp_path / "bad.py"
+    cfg.write_text(f"import math\n{setting}\n")
+    out = tmp_path / "out"
+    line = one_error_line(run_train([str(cfg)], data_dir, str(out), check=False))
+    assert "must be a finite number" in line and setting.split()[0] in line, line
+    assert not out.exists()   # refused before anything was written
+
+
+@pytest.mark.parametrize("args,field", [(["--arch=hrm", "--M=7"], "M"), (["--arch=hrm", "--n_layer=8"], "n_layer"),
+                                        (["--arch=transformer", "--N=3"], "N"), (["--arch=unitf", "--S=2"], "S"),
+                                        (["--arch=transformer", "--K=4"], "K")])
+def test_model_settings_the_arch_does_not_use_are_refused(args, field, data_dir, tmp_path):
+    line = one_error_line(run_train(args, data_dir, str(tmp_path / "out"), check=False))
+    assert f"ModelConfig.{field}:" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("device", ["mps", "meta", "gpu0", "cpu:1"])
+def test_bad_device_with_overwrite_deletes_nothing(device, trained, data_dir, tmp_path):
+    out = copy_run(trained, tmp_path)
+    before = snapshot(out)
+    line = one_error_line(run_train(HRM + ["--max_iters=4", "--eval_interval=2", "--overwrite=True",
+                                           f"--device={device}"], data_dir, out, check=False))
+    assert "is not a device these scripts run on" in line, line
+    assert snapshot(out) == before
+
+
+# --- the same command twice; a new run from another run's weights --------------------------------------
+
+def test_a_finished_run_again_exits_0_and_touches_nothing(trained, data_dir, tmp_path):
+    out = copy_run(trained, tmp_path)
+    before = snapshot(out)
+    p = run_train(HRM + ["--max_iters=4", "--eval_interval=2"], data_dir, out)
+    assert "holds this run, finished (iter 4" in p.stdout and "nothing to do" in p.stdout, p.stdout
+    assert snapshot(out) == before
+    # an unfinished or different run is still refused (the lock's note names the refused run: not compared)
+    one_error_line(run_train(HRM + ["--max_iters=6", "--eval_interval=2"], data_dir, out, check=False))
+    assert snapshot(out, skip=(".lock",)) == {k: v for k, v in before.items() if k != ".lock"}
+
+
+def test_init_from_starts_a_new_run_from_the_weights(trained, data_dir, tmp_path):
+    out = str(tmp_path / "ft")
+    best = torch.load(os.path.join(trained, "ckpt.pt"), weights_only=True)
+    p = run_train(HRM + ["--max_iters=2", "--eval_interval=2", f"--init_from={trained}", "--learning_rate=1e-4",
+                         "--min_lr=1e-5"], data_dir, out)
+    assert f"starting from the weights of {trained}/ckpt.pt (iter {best['iter_num']})" in p.stdout, p.stdout
+    log = raw_log(out)
+    # the same weights and the same eval settings: its step-0 val is the val that checkpoint logged
+    assert log[0]["iter"] == 0 and log[0]["val_loss"] == best["best_val_loss"], (log[0], best["best_val_loss"])
+    ck = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    assert ck["iter_num"] == 2 and ck["optimizer"]["state"][0]["step"].item() == 2   # a fresh optimiser
+
+
+def test_init_from_checks_sizes_and_keeps_the_source(trained, data_dir, tmp_path):
+    line = one_error_line(run_train(HRM + ["--n_embd=64", f"--init_from={trained}"], data_dir,
+                                    str(tmp_path / "x"), check=False))
+    assert "does not fit this model" in line and "size mismatch" in line, line
+    src = copy_run(trained, tmp_path, "src")
+    before = snapshot(src)
+    line = one_error_line(run_train(HRM + [f"--init_from={src}/ckpt.pt", "--overwrite=True"], data_dir, src,
+                                    check=False))
+    assert "is in out_dir" in line, line
+    assert snapshot(src) == before
+
+
+def test_progress_after_a_resume_divides_by_the_iterations_run(char_data, tmp_path):
+    """A resumed run's first progress line covers fewer than log_interval iterations."""
+    out = str(tmp_path / "run")
+    args = ["config/char_hrm.py", "--n_embd=16", "--n_head=2", "--block_size=32", "--batch_size=4",
+            "--eval_iters=2", "--warmup_iters=2", "--log_interval=25", f"--out_dir={out}"]
+    run_train(args + ["--max_iters=24", "--eval_interval=24"], char_data, out)
+    p = run_train(args + ["--max_iters=75", "--eval_interval=75", "--init_from=resume"], char_data, out)
+    ms = [float(re.search(r"([\d.]+) ms/iter", l)[1]) for l in p.stdout.splitlines() if l.startswith("iter ")]
+    assert len(ms) == 3   # iterations 25 (1 run since the resume), 50, 75
+    # divided by 25 instead of 1, the first line would be about 25 times faster than the others
+    assert ms[0] > min(ms[1:]) / 5, ms
+
+
+def test_wandb_offline_logs_the_fields(trained, data_dir, tmp_path):
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install wandb); wandb_log is optional")
+    out = str(tmp_path / "wb")
+    env = dict(ENV, WANDB_MODE="offline", WANDB_SILENT="false")
+    p = subprocess.run(train_cmd(HRM + ["--max_iters=2", "--eval_interval=2", "--wandb_log=True"], data_dir, out),
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = [d for d in os.listdir(os.path.join(out, "wandb")) if d.startswith("offline-run-")]
+    assert len(runs) == 1 and any(f.endswith(".wandb") for f in os.listdir(os.path.join(out, "wandb", runs[0])))
+    summary = dict(re.findall(r"wandb:\s+(\w+) ([-\d.e]+)\s*$", p.stdout + p.stderr, flags=re.M))
+    last = raw_log(out)[-1]
+    for key in ("iter", "train_loss", "val_loss", "lr", "grad_norm", "tokens", "skipped", "time_s"):
+        assert key in summary, (key, summary)
+    assert float(summary["val_loss"]) == pytest.approx(last["val_loss"], rel=1e-4)
+    assert int(summary["tokens"]) == last["tokens"]
+
+
+def test_wandb_missing_is_one_line(data_dir, tmp_path, monkeypatch):
+    """Without the package, one line before any work (a stub that fails to import stands in for it)."""
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "wandb.py").write_text("raise ImportError('no wandb here')\n")
+    env = dict(ENV, PYTHONPATH=str(stub))
+    p = subprocess.run(train_cmd(HRM + ["--wandb_log=True"], data_dir, str(tmp_path / "o")), cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert "pip install wandb" in one_error_line(p)
+    assert not (tmp_path / "o").exists()
