@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import Evil, copy_run, one_error_line, run_script, snapshot, write_docs
+from conftest import ENV, Evil, copy_run, one_error_line, run_script, snapshot, write_docs
 
 # --- every case of the issue ----------------------------------------------------------------------
 # (id, script, args, word in the error line); {name} is filled from the `world` fixture's paths.
@@ -96,7 +96,7 @@ def world(trained, tmp_path_factory):
     before = {name: snapshot(p[name]) for name in ("data", "ckpt")}
     cmds = {case: (script, [a.format(**p) for a in args]) for case, script, args, _ in CASES}
     with ThreadPoolExecutor(2) as pool:   # two at a time: most of each is importing torch
-        done = dict(zip(cmds, pool.map(lambda c: run_script(c[0], *c[1]), cmds.values())))
+        done = dict(zip(cmds, pool.map(lambda c: run_script(c[0], *c[1], env=ENV), cmds.values())))
     return p, done, before
 
 
