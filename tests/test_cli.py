@@ -100,10 +100,9 @@ def world(trained, tmp_path_factory):
     return p, done, before
 
 
-@pytest.mark.parametrize("case,word", [(c[0], c[3]) for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line(world, case, word):
+@pytest.mark.parametrize("case,script,word", [(c[0], c[1], c[3]) for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line(world, case, script, word):
     p, done, _ = world
-    script = next(c[1] for c in CASES if c[0] == case)
     line = one_error_line(done[case], prog=script)
     assert word.format(**p) in line, line
 
