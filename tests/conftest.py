@@ -25,7 +25,7 @@ TINY = [
         "--warmup_iters=2", "--learning_rate=3e-3", "--min_lr=3e-4"]
 HRM = ["--arch=hrm", "--N=2", "--T=2", "--K=2"]   # M = 4
 
-# the environment of every subprocess: one thread each (2 cores, and tests that run two at once)
+# train.py's environment: one thread (2 cores; tests run two processes at once), no progress bars
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
 
 
@@ -65,10 +65,10 @@ def train_cmd(args, data_dir, out_dir):
             *args]
 
 
-def run_script(script, *args, timeout=300):
-    """python <script> <args> in the repository; returns CompletedProcess."""
+def run_script(script, *args, env=None, timeout=300):
+    """python <script> <args> in the repository (env: this process's unless given); returns CompletedProcess."""
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True, text=True,
-                          cwd=ROOT, env=ENV, timeout=timeout)
+                          cwd=ROOT, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import Evil, copy_run, one_error_line, run_script, snapshot, write_docs
+from conftest import ENV, Evil, copy_run, one_error_line, run_script, snapshot, write_docs
 
 # --- every case of the issue ----------------------------------------------------------------------
 # (id, script, args, word in the error line); {name} is filled from the `world` fixture's paths.
@@ -96,14 +96,13 @@ def world(trained, tmp_path_factory):
     before = {name: snapshot(p[name]) for name in ("data", "ckpt")}
     cmds = {case: (script, [a.format(**p) for a in args]) for case, script, args, _ in CASES}
     with ThreadPoolExecutor(2) as pool:   # two at a time: most of each is importing torch
-        done = dict(zip(cmds, pool.map(lambda c: run_script(c[0], *c[1]), cmds.values())))
+        done = dict(zip(cmds, pool.map(lambda c: run_script(c[0], *c[1], env=ENV), cmds.values())))
     return p, done, before
 
 
-@pytest.mark.parametrize("case,word", [(c[0], c[3]) for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line(world, case, word):
+@pytest.mark.parametrize("case,script,word", [(c[0], c[1], c[3]) for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line(world, case, script, word):
     p, done, _ = world
-    script = next(c[1] for c in CASES if c[0] == case)
     line = one_error_line(done[case], prog=script)
     assert word.format(**p) in line, line
 

@@ -111,7 +111,8 @@ def test_prepare_one_file_with_bad_bytes(tmp_path):
     from prepare import check_dataset
     f = tmp_path / "corpus.txt"
     f.write_bytes(b"".join(b"line %d of the only document\n" % i for i in range(200)) + b"caf\xe9 \xff\xfe\n")
-    p = run_script("prepare.py", f"--data_dir={tmp_path}", "--dataset=single", f"--input={f}", "--num_proc=1")
+    p = run_script("prepare.py", f"--data_dir={tmp_path}", "--dataset=single", f"--input={f}", "--num_proc=1",
+                   env=ENV)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     assert [line for line in p.stderr.splitlines() if line.strip()] == [
         "note: 3 byte(s) that are not UTF-8 were replaced by U+FFFD in 1 of 1 file(s)"]

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ENV, HRM, ROOT, TINY, copy_run, one_error_line, raw_log, run_script, run_train, snapshot, train_cmd
+from conftest import ENV, HRM, ROOT, copy_run, one_error_line, raw_log, run_script, run_train, snapshot, train_cmd
 from configurator import ConfigError, apply_config
 from model import ModelConfig, build_model
 from plan import train_defaults
@@ -271,9 +271,8 @@ def test_bf16_trains_and_samples_on_cpu(arch, data_dir, tmp_path):
     assert abs(a[-1]["val_loss"] - b[-1]["val_loss"]) < 0.1, (a[-1], b[-1])
     outs = []
     for cache in (True, False):
-        s = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), f"--out_dir={bf16}", "--device=cpu",
-                            "--dtype=bfloat16", "--temperature=0", "--num_samples=1", "--max_new_tokens=12",
-                            f"--use_cache={cache}"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        s = run_script("sample.py", f"--out_dir={bf16}", "--device=cpu", "--dtype=bfloat16", "--temperature=0",
+                       "--num_samples=1", "--max_new_tokens=12", f"--use_cache={cache}", timeout=120)
         assert s.returncode == 0, s.stderr
         outs.append(s.stdout)
     assert outs[0] == outs[1] and len(outs[0]) > 12   # the prompt and 12 tokens (a 6-step model: often newlines)
@@ -308,8 +307,7 @@ def test_compile_matches_eager_without_recompiles(arch, data_dir, tmp_path):
     counts, logs = [], []
     for n in (3, 6):
         out = str(tmp_path / f"compiled{n}")
-        cmd = [sys.executable, str(script), os.path.join(ROOT, "train.py"), *TINY, f"--data_dir={data_dir}",
-               f"--out_dir={out}", *args, f"--max_iters={n}", "--compile=True"]
+        cmd = [sys.executable, str(script), *train_cmd(args + [f"--max_iters={n}", "--compile=True"], data_dir, out)[1:]]
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1200, env=ENV)
         assert p.returncode == 0, p.stderr[-3000:]
         counts.append(int(p.stdout.split("GRAPHS=")[1].split()[0]))
@@ -318,9 +316,8 @@ def test_compile_matches_eager_without_recompiles(arch, data_dir, tmp_path):
 
     def losses(text):
         return [float(l.split("loss ")[1].split(",")[0]) for l in text.splitlines() if l.startswith("iter ")]
-    e = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *TINY, f"--data_dir={data_dir}",
-                        f"--out_dir={tmp_path / 'eager'}", *args, "--max_iters=6"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=600)
+    e = run_train(args + ["--max_iters=6"], data_dir, str(tmp_path / "eager"), timeout=600)
+    assert len(losses(e.stdout)) == len(losses(logs[1])) == 6
     for x, y in zip(losses(e.stdout), losses(logs[1])):
         assert abs(x - y) < 1e-4, (losses(e.stdout), losses(logs[1]))
 
