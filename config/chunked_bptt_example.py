@@ -1,7 +1,7 @@
 # Chunked BPTT (the paper's section "Path to Large-Scale Validation", direction 1), at M = 48 beside
 # config/m48_hrm_n12_t4.py: the 48 steps of N=12, T=4 cut into chunks of C = 12 steps, each backpropagated
 # on its own with its own loss. That is S = M/C = 4 supervision passes of N = C/T = 3 firings with K = C
-# (tests/test_model.py::test_chunked_bptt_is_S_passes_of_C_steps): the same 48 steps forward, the same
+# (tests/test_equations.py::test_chunked_bptt_is_S_passes_of_C_steps): the same 48 steps forward, the same
 # logits, every step with gradient. Differences from the M-step model that the config makes visible: init
 # std 0.02/sqrt(12) for L_net/H_net (the pass's M), and clipping at grad_clip * K/M = grad_clip
 # (m48_hrm_n12_t4: * 12/48). Chunks must hold whole Slow periods: C % T == 0.
