@@ -143,6 +143,17 @@ def _settle(out_dir, pid):
         shutil.rmtree(tmp)
 
 
+def settle_leftovers(out_dir):
+    """Settle what prepare.py processes that died (or this one) left beside out_dir (see _settle)."""
+    out_dir = os.path.realpath(out_dir)
+    parent, base = os.path.split(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    for name in os.listdir(parent):
+        m = re.fullmatch(re.escape(base) + r"\.(?:tmp|old)\.(\d+)", name)
+        if m and (int(m.group(1)) == os.getpid() or not _alive(int(m.group(1)))):
+            _settle(out_dir, int(m.group(1)))
+
+
 @contextmanager
 def staged(out_dir):
     """Yields an empty folder beside out_dir to write a dataset into. When the block ends, that folder
@@ -150,12 +161,7 @@ def staged(out_dir):
     other files the user kept in out_dir move into it; on an exception or Ctrl-C it is removed and
     out_dir stays as it was. Leftovers of prepare.py processes that died are settled first."""
     out_dir = os.path.realpath(out_dir)   # a symlinked dataset folder: stage beside the real one
-    parent, base = os.path.split(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    for name in os.listdir(parent):
-        m = re.fullmatch(re.escape(base) + r"\.(?:tmp|old)\.(\d+)", name)
-        if m and (int(m.group(1)) == os.getpid() or not _alive(int(m.group(1)))):
-            _settle(out_dir, int(m.group(1)))
+    settle_leftovers(out_dir)
     tmp, old = f"{out_dir}.tmp.{os.getpid()}", f"{out_dir}.old.{os.getpid()}"
     os.makedirs(tmp)
     try:
@@ -470,6 +476,7 @@ def main(argv=None):
             shakespeare_plays() if args.dataset in ("shakespeare", "shakespeare_char") else None
         char = args.input is None and args.dataset == "shakespeare_char"
         source = fingerprint("char" if char else "gpt2", docs, None if docs else "openwebtext, seed 2357, 0.05% val")
+        settle_leftovers(out_dir)   # a killed run's swap, finished or undone first
         if not args.force and up_to_date(out_dir, source):   # the same command again: nothing to redo
             print(f"{out_dir} is up to date (prepared from the same input); nothing to do (--force prepares it again)")
             return load_meta(args.data_dir, args.dataset)["tokens"]

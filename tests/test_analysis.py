@@ -101,7 +101,8 @@ def test_read_log_skips_malformed_lines(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"note: skipped 2 malformed line(s) in {tmp_path / 'log.jsonl'}"
 
 
-@pytest.mark.parametrize("case", ["nan_log", "out_folder", "read_only", "unsupported"])
+@pytest.mark.parametrize("case", ["nan_log", "unsupported", *[pytest.param(c, marks=pytest.mark.slow)
+                                                                for c in ("out_folder", "read_only")]])
 def test_plot_refuses_before_drawing(case, runs, tmp_path):
     run = runs[0]
     out = tmp_path / "chart.png"
@@ -128,6 +129,7 @@ def test_plot_refuses_before_drawing(case, runs, tmp_path):
     assert not os.path.exists(tmp_path / "chart.png") and not os.path.exists(tmp_path / "chart.xyz")
 
 
+@pytest.mark.slow   # trains a character model (CI time); CI draws the one-dataset unigram line
 def test_plot_draws_one_unigram_line_per_dataset(runs, char_data, tmp_path, capsys):
     import matplotlib
     matplotlib.use("Agg")

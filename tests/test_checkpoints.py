@@ -452,6 +452,7 @@ def test_full_disk_on_save_is_one_line(small_disk, char_data):
     assert sorted(os.listdir(out)) == [".lock", "ckpt.pt", "log.jsonl"]   # no temporary left filling the disk
 
 
+@pytest.mark.slow   # CI time: CI fills a real disk on save, and on prepare's staging folder
 def test_full_disk_on_resume_is_one_line_and_keeps_the_log(small_disk, char_data):
     disk = small_disk("700k")
     out = str(disk / "run")
@@ -492,9 +493,9 @@ def test_zip_writer_error_is_one_line(trained, data_dir, tmp_path):
 
 @pytest.mark.parametrize("damage,words", [
     ("shape", ["does not fit this model", "size mismatch for L_net.gate.weight"]),
-    ("missing", ["does not fit this model", "Missing key(s)", "fusion.tau"]),
     ("groups", ["optimizer state does not fit", "parameter group"]),
-    ("moment", ["optimizer state does not fit", "exp_avg"]),
+    pytest.param("missing", ["does not fit this model", "Missing key(s)", "fusion.tau"], marks=pytest.mark.slow),
+    pytest.param("moment", ["optimizer state does not fit", "exp_avg"], marks=pytest.mark.slow),
 ])
 def test_damaged_checkpoint_on_resume_names_what_does_not_fit(trained, data_dir, tmp_path, damage, words):
     out = copy_run(trained, tmp_path)
@@ -527,9 +528,10 @@ def test_sample_names_the_tensor_that_does_not_fit(trained, tmp_path):
 
 # --- a signal during a long evaluation saves at once; the resume evaluates that iteration ------------------
 
+@pytest.mark.slow   # CI time (15 s): CI's signal test saves and resumes at an iteration boundary
 def test_signal_during_an_evaluation_saves_and_resume_evaluates(char_data, tmp_path):
     out = str(tmp_path / "run")
-    args = char_tiny(out, "--max_iters=2", "--eval_iters=1000")   # an evaluation of a few seconds
+    args = char_tiny(out, "--max_iters=2", "--eval_iters=400")   # an evaluation of a second or two
     proc = subprocess.Popen(train_cmd(args, char_data, out), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:   # the header comes just before the step-0 evaluation starts

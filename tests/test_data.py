@@ -185,18 +185,17 @@ def test_mixed_dataset_is_refused(data_dir, tmp_path):
 
 # --- prepare.py stopped mid-way: the previous dataset stays whole ------------------------------------
 
-# A kill in the middle of prepare.py: np.memmap is where it starts writing val.bin, after train.bin
+# A kill in the middle of prepare.py: opening val.bin for writing, after train.bin is written
 DIE_IN_VAL = r"""
-import os, runpy, sys
-import numpy as np
-real_memmap = np.memmap
-def memmap(path, *a, **k):
-    if os.path.basename(str(path)) == "val.bin" and k.get("mode") == "w+":
+import builtins, os, runpy, sys
+real_open = builtins.open
+def open_(path, mode="r", *a, **k):
+    if os.path.basename(str(path)) == "val.bin" and "w" in mode:
         if os.environ["HOW"] == "interrupt":
             raise KeyboardInterrupt         # Ctrl-C
         os._exit(9)                         # as SIGKILL: no cleanup runs at all
-    return real_memmap(path, *a, **k)
-np.memmap = memmap
+    return real_open(path, mode, *a, **k)
+builtins.open = open_
 sys.argv = sys.argv[1:]
 sys.path.insert(0, os.path.dirname(sys.argv[0]))
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -273,6 +272,7 @@ def test_dataset_without_meta_json_is_refused_with_the_rebuild_command(data_dir,
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow   # CI time: the README quick start's second paste (test_docs, CI) finds its dataset up to date
 def test_prepare_again_is_up_to_date(tmp_path):
     from prepare import main
     data = str(tmp_path / "data")

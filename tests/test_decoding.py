@@ -220,6 +220,7 @@ def test_streamed_text_equals_decoding_it_all_at_once(ckpt_dir):
     assert p.stdout == decode(y[0].tolist()) + "\n"
 
 
+@pytest.mark.slow   # trains a character model (CI time)
 def test_prompt_characters_outside_a_char_vocabulary_are_named(char_data, tmp_path):
     out = str(tmp_path / "c")
     run_train(["config/char_hrm.py", "--n_embd=16", "--n_head=2", "--block_size=32", "--batch_size=4",

@@ -72,7 +72,8 @@ def test_plan_errors_are_one_line(tmp_path):
     assert line.startswith("plan.py: error:") and "n_embd" in line
 
 
-@pytest.mark.parametrize("arg", ["--gpu_mem_gb=nan", "--gpu_mem_gb=inf", "--reserve_gb=nan"])
+@pytest.mark.parametrize("arg", ["--gpu_mem_gb=nan", *[pytest.param(a, marks=pytest.mark.slow)
+                                                          for a in ("--gpu_mem_gb=inf", "--reserve_gb=nan")]])
 def test_plan_refuses_non_finite_sizes(arg):
     p = subprocess.run([sys.executable, os.path.join(ROOT, "plan.py"), "config/equalparam_nt12.py", arg],
                        capture_output=True, text=True, cwd=ROOT)
