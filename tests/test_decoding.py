@@ -2,9 +2,11 @@
 decoding is the same with and without it, sampling is seeded; and sample.py on a tiny checkpoint."""
 
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -191,8 +193,12 @@ def test_sample_streams_and_ctrl_c_keeps_the_text(ckpt_dir):
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "sample.py"), f"--out_dir={ckpt_dir}",
                              "--num_samples=1", "--max_new_tokens=10000000", "--start=ROMEO:"],
                             cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    got = b""
+    got, deadline = b"", time.time() + 120
     while len(got) < 40:   # streamed: these bytes come long before the sample could have ended
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.time()))
+        if not ready:
+            proc.kill()
+            pytest.fail(f"no streamed text within 120 s, only {got!r}")
         chunk = os.read(proc.stdout.fileno(), 4096)
         assert chunk, proc.stderr.read().decode()[-2000:]
         got += chunk
