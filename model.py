@@ -10,12 +10,10 @@ docs/MODEL.md, which maps every equation to the code below and says how we resol
   4. the output fusion                          section "Output Fusion"                 section 2
   5. HRM: HRM.forward, HRM.one_pass             Algorithms 2 and 3                      sections 2, 4
   6. Transformer (L blocks), UniTF (1 block x M) the baselines, appendix "UniTF"        sections 3, 4
-  7. cached decoding: each application's slot  described, never built by the paper     section 5
-     (the cache and generate: engine.py)
+  7. each application's KV-cache slot          cached decoding (engine.py), not in the paper  section 5
 
-Options beyond the paper (docs/MODEL.md section 8) are ModelConfig fields whose defaults are the paper:
-norm, fast_only, K_slow (hierarchical BPTT), grad_ckpt (full BPTT at flat memory), fast_attn_steps
-(hybrid attention). Chunked BPTT needs none: it is S = M/C passes of C steps with K = C.
+Options beyond the paper (docs/MODEL.md section 8), each a ModelConfig field whose default is the paper:
+norm, fast_only, K_slow, grad_ckpt, fast_attn_steps. Chunked BPTT is S = M/C passes of C steps, K = C.
 """
 
 import math
@@ -241,9 +239,7 @@ class OutputFusion(nn.Module):
         return self.proj(out), w
 
 
-# ---------------------------------------------------------------------------
-# Shared by all three models: tied embedding, RoPE table, init, the tied head (decoding: section 7).
-# ---------------------------------------------------------------------------
+# --- Shared by all three models: tied embedding, RoPE table, init, the tied head, cache slots (7) -------
 
 class LanguageModel(nn.Module):
     def __init__(self, config):
@@ -486,9 +482,7 @@ def check_config(c):
     """Fill in M (HRM: N*T; UniTF: 12 unless given) and refuse what no model can be built from."""
     def bad(field, why):
         raise ValueError(f"ModelConfig.{field}: {why}")
-
-    def is_int(v, least):
-        return isinstance(v, int) and not isinstance(v, bool) and v >= least
+    is_int = lambda v, least: isinstance(v, int) and not isinstance(v, bool) and v >= least  # noqa: E731
     if c.arch not in ARCHS:
         bad("arch", f"unknown arch {c.arch!r}, expected one of {ARCHS}")
     for f in ("vocab_size", "block_size", "n_embd", "n_head", "n_layer", "N", "T", "K", "S"):
