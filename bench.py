@@ -36,7 +36,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import DTYPES, HelpFormatter, auto_device, check_device, fail, precision_context, sync, timed
+from common import (DTYPES, HelpFormatter, auto_device, check_device, check_output_path, fail, precision_context,
+                    sync, timed)
 from flops import counted_train_flops, datasheet_tflops, measure_peak_tflops, train_flops
 from model import ModelConfig, build_model
 
@@ -237,17 +238,6 @@ def fmt(v, spec=".1f"):
     return "-" if v is None else format(v, spec)
 
 
-def check_output_path(path, flag):
-    """Fail now, not after a whole run, when the results could not be written to `path`."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        fail(f"{flag} {path!r} is a folder; give a file name")
-    if not os.path.isdir(folder):
-        fail(f"{flag} {path!r}: the folder {os.path.dirname(path)!r} does not exist; create it first")
-    if not os.access(folder, os.W_OK) or os.path.exists(path) and not os.access(path, os.W_OK):
-        fail(f"{flag} {path!r} is not writable")
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="sizes: tiny (tests), cpu (this machine), paper (a GPU)")
@@ -276,7 +266,10 @@ def main(argv=None):
     if not names:   # "--models=," or "--models=": nothing to measure is a mistake, not a success
         fail(f"--models={args.models!r} names no model; choose from {', '.join(ROWS)} (or beyond)")
     if args.json:
-        check_output_path(args.json, "--json")
+        try:
+            check_output_path(args.json, "--json")
+        except ValueError as e:
+            fail(str(e))
     p = PRESETS[args.preset]
     if args.preset == "paper" and device == "cpu":
         print("note: --preset=paper is sized for a GPU; on this CPU it will take very long", file=sys.stderr)

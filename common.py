@@ -67,6 +67,17 @@ def check_device(device):
     return device
 
 
+def check_output_path(path, flag):
+    """A ValueError (one line) now, not after a whole run, where results could not be written to `path`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a folder; give a file name")
+    if not os.path.isdir(folder):
+        raise ValueError(f"{flag} {path!r}: the folder {os.path.dirname(path)!r} does not exist; create it first")
+    if not os.access(folder, os.W_OK) or os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {path!r} is not writable")
+
+
 def auto_dtype(dtype, device_type):
     """dtype="auto": bfloat16 on a CUDA device that supports it, else float32; any other value is kept."""
     if dtype != "auto":

@@ -15,7 +15,7 @@ import os
 import sys
 
 from checkpoint import CKPT_BEST, CKPT_LAST, LOG, read_log
-from common import HelpFormatter, fail
+from common import HelpFormatter, check_output_path, fail
 
 
 def load_log(out_dir):
@@ -31,14 +31,11 @@ def load_log(out_dir):
 
 def check_output(path):
     """One line, before anything is drawn, if the chart cannot be written to `path`."""
-    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        check_output_path(path, "--out")
+    except ValueError as e:
+        fail(str(e))
     ext = os.path.splitext(path)[1].lower().lstrip(".")
-    if os.path.isdir(path):
-        fail(f"--out {path!r} is a folder; give a file name, e.g. {os.path.join(path, 'curves.png')}")
-    if not os.path.isdir(folder):
-        fail(f"--out {path!r}: the folder {os.path.dirname(path)!r} does not exist")
-    if not os.access(folder, os.W_OK) or os.path.exists(path) and not os.access(path, os.W_OK):
-        fail(f"--out {path!r} is not writable")
     from matplotlib.backend_bases import FigureCanvasBase
     kinds = FigureCanvasBase.get_supported_filetypes()
     if ext not in kinds:
