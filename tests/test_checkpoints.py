@@ -114,20 +114,6 @@ def test_bad_out_dir_is_found_before_work(where, data_dir, tmp_path):
     assert "step 0" not in p.stdout and f.read_text() == "keep me"
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--device=bogus"], "is not a device"),
-    (["--learning_rate=-1"], "learning_rate must be > 0"),
-    (["--beta2=1.5"], "beta2 must be in [0, 1)"),
-    (["--seed=-1"], "seed must be >= 0"),
-    (["--out_dir="], "out_dir is empty"),
-])
-def test_out_of_range_values_are_one_line(args, msg, data_dir, tmp_path):
-    p = run_train(HRM + ["--max_iters=2", *args], data_dir, str(tmp_path / "out2"), check=False, timeout=120)
-    line = one_error_line(p)
-    assert msg in line, line
-    assert "step 0" not in p.stdout
-
-
 # --- a failed save is one line, leaves no temporary, and stale ones are cleaned -----------------------------
 
 def test_failed_save_is_one_line_and_leaves_no_temporary(trained, data_dir, tmp_path):

@@ -69,6 +69,11 @@ def test_configurator_cases(tmp_path):
     (["--n_head=5"], "ModelConfig.n_embd"),
     (["--block_size=100000"], "block_size=100000 needs more than"),
     (["--dataset=nowhere"], "data/nowhere/train.bin not found; run `python prepare.py --dataset=nowhere`"),
+    (["--device=bogus"], "is not a device"),
+    (["--learning_rate=-1"], "learning_rate must be > 0"),
+    (["--beta2=1.5"], "beta2 must be in [0, 1)"),
+    (["--seed=-1"], "seed must be >= 0"),
+    (["--out_dir="], "out_dir is empty"),
 ])
 def test_train_config_errors_stop_before_work(args, msg, data_dir, tmp_path):
     if args[0].startswith("--dataset"):
