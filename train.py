@@ -161,7 +161,8 @@ parallel.stop_on_errors(errors, ranks)
 checkpoint = None
 if init_from != "scratch":   # every rank loads it: ckpt_last.pt to resume, or the weights a new run starts from
     try:
-        checkpoint = load_checkpoint(ckpt_last if resume else find_checkpoint(init_from))
+        source = ckpt_last if resume else find_checkpoint(init_from)   # the file these weights come from
+        checkpoint = load_checkpoint(source)
     except ValueError as e:
         errors.append(str(e))
 if resume and checkpoint is not None:
@@ -202,7 +203,7 @@ if checkpoint is not None:
     try:
         model.load_state_dict(checkpoint["model"])
     except RuntimeError as e:   # a missing key, a tensor of another shape: named in the one line
-        errors.append(f"{ckpt_last if resume else init_from} does not fit this model: {one_line(e)}")
+        errors.append(f"{source} does not fit this model: {one_line(e)}")
 model.to(device)
 scalars = parallel.fully_shard_model(model) if fsdp else []   # FSDP2: weights, grads and AdamW state sharded
 decay = [p for p in model.parameters() if p.dim() >= 2]      # matrices and the embedding
@@ -226,7 +227,7 @@ parallel.stop_on_errors(errors, ranks)
 for note in notes:
     log(note)
 if checkpoint is not None and not resume:   # a new run from these weights: a fresh optimizer and schedule
-    log(f"starting from the weights of {find_checkpoint(init_from)} (iter {checkpoint['iter_num']})")
+    log(f"starting from the weights of {source} (iter {checkpoint['iter_num']})")
 elif checkpoint is not None:
     iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     best_iter, skipped_total = checkpoint.get("best_iter"), checkpoint.get("skipped_total", 0)
