@@ -40,7 +40,6 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from plot import load_log  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep  # noqa: E402  (its runner)
 
@@ -62,21 +61,7 @@ def run_dir(out, variant, seed):
     return os.path.join(out, variant, f"s{seed}")
 
 
-def finished(out_dir, iters):
-    """True when the run logged its last iteration or stopped for good (diverged: train.py exit 3)."""
-    if os.path.exists(os.path.join(out_dir, "diverged")):
-        return True
-    if not os.path.exists(os.path.join(out_dir, "log.jsonl")):
-        return False
-    return any(r["iter"] == iters for r in load_log(out_dir))
-
-
-def final_val(out_dir, iters):
-    """Validation CE at the last iteration; inf for a diverged or missing run."""
-    if not finished(out_dir, iters) or os.path.exists(os.path.join(out_dir, "diverged")):
-        return math.inf
-    v = [r for r in load_log(out_dir) if r["iter"] == iters][-1]["val_loss"]
-    return v if v is not None and math.isfinite(v) else math.inf
+finished, final_val = sweep.finished, sweep.final_val   # from the committed logs (docs/logs/beyond/)
 
 
 def command(args, variant, seed):
@@ -86,11 +71,6 @@ def command(args, variant, seed):
            f"--lr_decay_iters={n}", f"--warmup_iters={max(1, n // 10)}", f"--eval_interval={max(1, n // 4)}",
            f"--log_interval={max(1, n // 8)}", f"--seed={seed}", f"--out_dir={out_dir}", f"--data_dir={args.data_dir}"]
     return out_dir, cmd
-
-
-def run_all(jobs, workers, iters):
-    """docs/sweep.py's runner, with this script's notion of a finished run."""
-    sweep.run_all(jobs, workers, lambda d: finished(d, iters), lambda d: final_val(d, iters))
 
 
 # --- memory and time ---------------------------------------------------------------------------------
@@ -123,9 +103,12 @@ def measure_worker(out_dir):
 
 
 def measured(out_dir):
-    """measure_worker's result, cached in out_dir/measure.json (run in a separate process once)."""
-    path = os.path.join(out_dir, "measure.json")
+    """measure_worker's result, computed once in a separate process from the run's checkpoint and committed
+    beside its log (docs/logs/beyond/<variant>/s<seed>/measure.json); None without either."""
+    path = os.path.join(ROOT, sweep.log_dir(out_dir), "measure.json")
     if not os.path.exists(path):
+        if not os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
+            return None
         env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536")
         p = subprocess.run([sys.executable, os.path.abspath(__file__), f"--_measure={out_dir}"],
                            capture_output=True, text=True, env=env, cwd=ROOT)
@@ -137,15 +120,6 @@ def measured(out_dir):
         return json.load(f)
 
 
-def logged_ms_iter(out_dir):
-    """The run's logged ms/iter values (train.py's progress lines in train.out)."""
-    path = os.path.join(out_dir, "train.out")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [float(line.split(" ms/iter")[0].rsplit(",", 1)[-1]) for line in f if " ms/iter" in line]
-
-
 # --- table and plot ------------------------------------------------------------------------------------
 
 mean_sd = sweep.mean_sd   # mean, sample sd and count of the finite values
@@ -155,28 +129,28 @@ def tables(args, plots=True):
     iters = args.max_iters
     print(f"### Beyond the paper: character testbed, HRM N=4, T=2 (M=8), d=128, {iters} iterations, lr 3e-3, "
           f"seeds {', '.join(map(str, args.seeds))}\n")
-    print("| variant | what | val CE (mean ± sd) | vs paper K=2 | iter MB | ms/iter | KV cache MB | params |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| variant | what | val CE (mean ± sd) | vs paper K=2 | MFLOPs/token | iter MB | ms/iter | KV cache MB | params |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rows = {}
     for v in args.variants:
         dirs = [run_dir(args.out, v, s) for s in args.seeds]
-        m, sd, n = mean_sd([final_val(d, iters) for d in dirs])
-        done = [d for d in dirs if finished(d, iters) and os.path.exists(os.path.join(d, "ckpt_last.pt"))]
-        meas = measured(done[0]) if done else None
-        ms = [x for d in dirs for x in logged_ms_iter(d)]
+        m, sd, n = mean_sd([final_val(d) for d in dirs])
+        meas = next((r for r in (measured(d) for d in dirs if finished(d)) if r), None)
+        ms = [f["ms_per_iter_median"] for f in map(sweep.facts, dirs) if f and f.get("ms_per_iter_median")]
         rows[v] = (m, sd, n, meas)
         base = rows.get("paper-K2", (math.inf,))[0]
         ce = "-" if n == 0 else f"{m:.3f} ± {sd:.3f} (n={n})"
         diff = f"{m - base:+.3f}" if n and math.isfinite(base) and v != "paper-K2" else "-"
-        print(f"| {v} | {VARIANTS[v][1]} | {ce} | {diff} | " +
+        fl = next((f["train_flops_per_token"] for f in map(sweep.facts, dirs) if f and "train_flops_per_token" in f), None)
+        print(f"| {v} | {VARIANTS[v][1]} | {ce} | {diff} | {f'{fl / 1e6:.1f}' if fl else '-'} | " +
               (f"{meas['iter_mb']:.1f} | " if meas else "- | ") + (f"{statistics.median(ms):.0f} | " if ms else "- | ") +
               (f"{meas['kv_cache_mb']:.2f} | {meas['params'] / 1e6:.3f}M |" if meas else "- | - |"))
     print(f"\niter MB: peak memory one training iteration adds (fresh process, batch 8 x 128); ms/iter: median of "
-          f"the runs' logged values, two runs sharing 2 cores; KV cache: 128 positions, float32, batch 1.\n")
-    missing = [v for v in args.variants if not any(finished(run_dir(args.out, v, s), iters) for s in args.seeds)]
-    if plots and missing:   # a fresh clone has no runs: the committed plot stays as it is
-        print(f"beyond_paper.py: not drawing docs/beyond_paper.png: no finished run of {', '.join(missing)} under "
-              f"{args.out}/; the committed plot is kept", file=sys.stderr)
+          f"the runs' median logged values, two runs sharing 2 cores; KV cache: 128 positions, float32, batch 1.\n")
+    missing = [v for v in args.variants if not any(finished(run_dir(args.out, v, s)) for s in args.seeds)]
+    if plots and missing:   # never overwrite the committed plot with a partial one
+        print(f"beyond_paper.py: not drawing docs/beyond_paper.png: no committed run of {', '.join(missing)}; "
+              f"the committed plot is kept", file=sys.stderr)
     elif plots:
         draw(args, rows)
 
@@ -187,7 +161,7 @@ def draw(args, rows):
     import matplotlib.pyplot as plt
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=130)
     for c, v in enumerate(args.variants):
-        logs = [load_log(d) for d in (run_dir(args.out, v, s) for s in args.seeds) if finished(d, args.max_iters)]
+        logs = [sweep.run_log(d) for d in (run_dir(args.out, v, s) for s in args.seeds) if finished(d)]
         if not logs:
             continue
         its = sorted(set.intersection(*[{r["iter"] for r in lg} for lg in logs]))
@@ -209,9 +183,8 @@ def draw(args, rows):
         a.grid(True, which="both", linestyle=":", color="0.85")
         a.legend(fontsize=6.5)
     fig.tight_layout()
-    path = os.path.join(ROOT, "docs", "beyond_paper.png")
-    fig.savefig(path)
-    print(f"wrote {os.path.relpath(path, ROOT)}")
+    sweep.save(fig, "beyond_paper.png")
+    print("wrote docs/beyond_paper.png")
 
 
 def main():
@@ -240,13 +213,13 @@ def main():
     jobs = [command(args, v, s) for s in args.seeds for v in args.variants if v != "full-ckpt" or s == args.seeds[0]]
     if args.dry_run:
         for d, cmd in jobs:
-            print(("# finished: " if finished(d, args.max_iters) else "") + "OMP_NUM_THREADS=1 python " + " ".join(cmd[1:]))
+            print(("# finished: " if finished(d) else "") + "OMP_NUM_THREADS=1 python " + " ".join(cmd[1:]))
         return
-    if not os.path.exists(os.path.join(args.data_dir, "shakespeare_char", "val.bin")):
-        sys.exit(f"beyond_paper.py: error: {args.data_dir}/shakespeare_char not found; "
-                 f"run python prepare.py --dataset=shakespeare_char")
     if not args.tables:
-        run_all(jobs, args.workers, args.max_iters)
+        if not os.path.exists(os.path.join(args.data_dir, "shakespeare_char", "val.bin")):
+            sys.exit(f"beyond_paper.py: error: {args.data_dir}/shakespeare_char not found; "
+                     f"run python prepare.py --dataset=shakespeare_char")
+        sweep.run_all(jobs, args.workers)
     tables(args)
 
 

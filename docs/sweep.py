@@ -1,29 +1,35 @@
 """
-Reproduction v2 (docs/RESULTS.md): HPSearch in miniature, with the controls that tell architecture
-from trainability. One command runs everything, skips what already finished (so it resumes after a
-stop), then prints every table and draws every plot from the runs' logs:
+Reproduction v3 (docs/RESULTS.md sections 1-5): HPSearch in miniature, with the controls that tell
+architecture from trainability. One command runs what is missing, skipping finished runs (so it resumes
+after a stop), then prints every table and draws every plot from the committed logs:
 
     python prepare.py --dataset=shakespeare_char && python prepare.py
-    python docs/sweep.py                 # all runs, then tables and plots (about 95 minutes, 2 cores)
-    python docs/sweep.py --tables        # tables and plots only, from whatever runs exist
+    python docs/sweep.py                 # all runs, then tables and plots (about 3 hours on 2 cores)
+    python docs/sweep.py --tables        # tables and plots only, from docs/logs/sweep/ alone (a fresh clone)
 
 Phases (each run is a plain train.py command, printed before it starts):
-  1. character testbed, 8 variants x 4 learning rates, seed 1337: HRM, Transformer L=4, UniTF
-     (each post- and pre-norm) at matched stored parameters, plus two controls: HRM's Fast module
-     alone (no Slow module) and UniTF with full backprop (K = M). Where a variant's best learning
-     rate is at the edge of what it tried, the next half-decade step that way is run too (1b).
-  2. each variant's best learning rate with 2 more seeds (3 in all).
-  3. BPE testbed (config/shakespeare_*.py): the six architecture x norm variants at their best
-     character-level learning rate and one grid step each side, seed 1337.
-  4. the K ablation (K = 1, 2, 4 of M = 4) for post-norm HRM at its best learning rate, and the
-     Slow-module ablation (analyze.py's HLRole A) on every HRM variant's best checkpoint.
-Runs go two at a time, one thread each (2 cores); a run's output is in its out_dir/train.out.
+  1. character testbed, 13 variants x 4 learning rates, seed 1337: HRM, Transformer L=4, UniTF (each
+     post- and pre-norm) at matched stored parameters, and seven controls that each differ from one of
+     those in one thing: HRM's Fast module alone (no Slow module), the same widened to HRM's parameters,
+     UniTF at HRM's width d=128, UniTF with full backprop (K = M), HRM and UniTF clipped at the
+     Transformer's 1.0, and a pre-norm Transformer L=1 (HRM's input block alone). Where a variant's best
+     learning rate is at the edge of what it tried, the next half-decade step that way is run too, until
+     every best is bracketed.
+  2. each variant's best learning rate with 2 more seeds (3 in all); the K ablation (K = 1, 4 of M = 4)
+     for post-norm HRM at its best.
+  3. BPE testbed (config/shakespeare_*.py, 400 iterations): the six architecture x norm variants at their
+     best character-level learning rate and one grid step each side, grown until bracketed, then 3 seeds.
+Tables only: the checkpoint readings (Slow-module ablation, z_H drift, fusion weights, depth at inference)
+are computed once from out-sweep/'s checkpoints and committed beside the logs (analysis.json).
+Runs go two at a time, one thread each (2 cores); a run's output is in its out_dir/train.out, and when it
+finishes its log.jsonl and run.json (command, final CE, parameters, counted FLOPs) go to docs/logs/sweep/.
 """
 
 import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,29 +39,49 @@ sys.path.insert(0, ROOT)
 from plot import load_log  # noqa: E402
 from prepare import unigram_ce  # noqa: E402
 
-OUT = "out-sweep"                          # every run's out_dir is under here
+OUT = "out-sweep"                          # every run's out_dir (checkpoints; not committed) is under here
+LOGS = os.path.join("docs", "logs")        # committed: out-<name>/<run>/log.jsonl -> docs/logs/<name>/<run>/
 LRS = [3e-4, 1e-3, 3e-3, 1e-2]            # phase 1 grid: 1.5 decades, half-decade steps
-GRID = [3e-5, 1e-4] + LRS + [3e-2, 1e-1]  # where a variant's best is at an edge, the grid grows that way
+GRID = [1e-5, 3e-5, 1e-4] + LRS + [3e-2, 1e-1]  # where a variant's best is at an edge, the grid grows that way
 SEEDS = [1337, 42, 2024]
-# variant: (config file, overrides); the UniTF on BPE is widened to d=144 to match stored parameters
+# variant: (config file, overrides). The first eight are v2's; the last four are controls that differ from
+# a v2 variant in one thing each (docs/RESULTS.md section 3). The UniTF on BPE is widened to d=144 to
+# match stored parameters.
 CHAR = {
     "hrm-post": ("char_hrm", []), "hrm-pre": ("char_hrm", ["--norm=pre"]),
     "transformer-post": ("char_transformer", []), "transformer-pre": ("char_transformer", ["--norm=pre"]),
     "unitf-post": ("char_unitf", []), "unitf-pre": ("char_unitf", ["--norm=pre"]),
     "hrm_fast_only-post": ("char_hrm_fast_only", []), "unitf_full-post": ("char_unitf_full", []),
+    "hrm_fast_only_wide-post": ("char_hrm_fast_only_wide", []), "unitf_d128-post": ("char_unitf_d128", []),
+    # clip 1.0 for the recurrent models too (train.py clips them at grad_clip * K / M = grad_clip / 2)
+    "hrm_clip1-post": ("char_hrm", ["--grad_clip=2.0"]), "unitf_clip1-post": ("char_unitf", ["--grad_clip=2.0"]),
+    # HRM's input block alone with the tied head: what HRM computes when its output fusion reads only x~
+    "transformer_l1-pre": ("char_transformer", ["--n_layer=1", "--norm=pre"]),
 }
 BPE = {
     "hrm-post": ("shakespeare_hrm", []), "hrm-pre": ("shakespeare_hrm", ["--norm=pre"]),
     "transformer-post": ("shakespeare_transformer", []), "transformer-pre": ("shakespeare_transformer", ["--norm=pre"]),
     "unitf-post": ("shakespeare_unitf", ["--n_embd=144"]), "unitf-pre": ("shakespeare_unitf", ["--n_embd=144", "--norm=pre"]),
 }
-LABEL = {"hrm": "HRM N=2,T=2,K=2", "transformer": "Transformer L=4", "unitf": "UniTF M=4,K=2",
-         "hrm_fast_only": "control: HRM Fast module only", "unitf_full": "control: UniTF K=M=4"}
-ITERS = {"char": 400, "bpe": 300}         # the BPE runs cost 2x per iteration (the 50257-wide head): 300 to fit
+ITERS = {"char": 400, "bpe": 400}         # the quick start's 400 iterations on both testbeds
 
 
-def max_iters(out_dir):
-    return ITERS["bpe" if os.path.join(OUT, "bpe") in out_dir else "char"]
+def log_dir(out_dir):
+    """Where a finished run's log and facts are committed: out-sweep/char/x/y -> docs/logs/sweep/char/x/y.
+    Runs outside an out-<name> folder of the repository (a user's --out elsewhere) keep them in out_dir."""
+    parts = os.path.normpath(out_dir).split(os.sep, 1)
+    if os.path.isabs(out_dir) or len(parts) < 2 or not parts[0].startswith("out-"):
+        return out_dir
+    return os.path.join(LOGS, parts[0][len("out-"):], parts[1])
+
+
+def logged_ms_iter(out_dir):
+    """The ms/iter values of a run's progress lines (train.py's stdout, kept in out_dir/train.out)."""
+    path = os.path.join(out_dir, "train.out")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [float(line.split(" ms/iter")[0].rsplit(",", 1)[-1]) for line in f if " ms/iter" in line]
 
 
 def lr_name(lr):
@@ -66,40 +92,89 @@ def run_dir(testbed, variant, lr, seed, extra=""):
     return os.path.join(OUT, testbed, variant, f"lr{lr_name(lr)}-s{seed}{extra}")
 
 
+def facts(out_dir):
+    """The committed facts of a finished run (docs/logs/.../run.json), or None."""
+    path = os.path.join(ROOT, log_dir(out_dir), "run.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def finished(out_dir):
-    """True when the run logged its last iteration or stopped for good (diverged: train.py exit 3)."""
-    if os.path.exists(os.path.join(out_dir, "diverged")):
-        return True
-    try:
-        return any(r["iter"] == max_iters(out_dir) for r in load_log(out_dir))
-    except SystemExit:
-        return False
+    """True when the run's log and facts are committed: it logged its last iteration or diverged."""
+    return facts(out_dir) is not None
+
+
+def run_log(out_dir):
+    """The committed log of a finished run: a list of rows, one per logged iteration."""
+    return load_log(os.path.join(ROOT, log_dir(out_dir)))
 
 
 def final_val(out_dir):
     """Validation CE at the last iteration; inf for a diverged or missing run."""
-    if not os.path.exists(os.path.join(out_dir, "log.jsonl")) or os.path.exists(os.path.join(out_dir, "diverged")):
+    f = facts(out_dir)
+    if f is None or f["diverged"]:
         return math.inf
-    rows = [r for r in load_log(out_dir) if r["iter"] == max_iters(out_dir)]
-    v = rows[-1]["val_loss"] if rows else None
+    v = f["final_val"]
     return v if v is not None and math.isfinite(v) else math.inf
 
 
-def command(testbed, variant, lr, seed, extra_args=(), extra=""):
+def model_facts(out_dir):
+    """Stored parameters and counted training FLOPs per token, from the run's checkpoint."""
+    import torch
+    from flops import counted_train_flops
+    from model import ModelConfig, build_model
+    path = os.path.join(out_dir, "ckpt_last.pt")
+    if not os.path.exists(path):
+        return {}
+    ck = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    cfg, c = ModelConfig(**ck["model_args"]), ck["config"]
+    with torch.device("meta"):
+        params = build_model(cfg).num_params()
+    b, n = c["batch_size"] * c["gradient_accumulation_steps"], c["block_size"]
+    return {"params": params, "train_flops_per_token": counted_train_flops(cfg, b, n) / (b * n),
+            "model_args": ck["model_args"]}
+
+
+def store(out_dir, cmd, returncode):
+    """Commit-ready copy of a finished run: its log.jsonl and run.json (command, outcome, final val, size,
+    FLOPs) under docs/logs/, written last and atomically, so a run counts as finished only once both exist."""
+    dst = os.path.join(ROOT, log_dir(out_dir))
+    os.makedirs(dst, exist_ok=True)
+    rows = load_log(out_dir) if os.path.exists(os.path.join(out_dir, "log.jsonl")) else []
+    if rows and os.path.abspath(dst) != os.path.abspath(out_dir):
+        shutil.copyfile(os.path.join(out_dir, "log.jsonl"), os.path.join(dst, "log.jsonl"))
+    last = [r for r in rows if r["iter"] == max_iters_of(cmd)]
+    ms = logged_ms_iter(out_dir)
+    info = {"command": " ".join(["python"] + [a for a in cmd[1:] if not a.startswith(("--overwrite", "--init_from"))]),
+            "diverged": returncode == 3, "final_val": last[-1]["val_loss"] if last else None,
+            "ms_per_iter_median": sorted(ms)[len(ms) // 2] if ms else None, **model_facts(out_dir)}
+    with open(os.path.join(dst, "run.json.tmp"), "w") as f:
+        json.dump(info, f, indent=1)
+    os.replace(os.path.join(dst, "run.json.tmp"), os.path.join(dst, "run.json"))
+
+
+def max_iters_of(cmd):
+    return int(next(a for a in cmd if a.startswith("--max_iters=")).split("=")[1])
+
+
+def command(testbed, variant, lr, seed, extra_args=(), extra="", iters=None, out=OUT):
     cfg, over = (CHAR if testbed == "char" else BPE)[variant]
-    out_dir = run_dir(testbed, variant, lr, seed, extra)
-    n = ITERS[testbed]
+    out_dir = run_dir(testbed, variant, lr, seed, extra).replace(OUT, out, 1)
+    n = iters or ITERS[testbed]
     cmd = [sys.executable, "train.py", f"config/{cfg}.py", *over, *extra_args, f"--learning_rate={lr}",
            f"--max_iters={n}", f"--lr_decay_iters={n}", f"--warmup_iters={n // 10}",
            f"--min_lr={lr / 10:.3g}", f"--seed={seed}", f"--out_dir={out_dir}", "--log_interval=100"]
+    if n > 1000:
+        cmd.append(f"--eval_interval={n // 20}")   # 21 points on a long curve
     return out_dir, cmd
 
 
-def run_all(jobs, workers, is_finished=None, val_of=None):
-    """Run (out_dir, cmd) jobs, `workers` at a time with one thread each; skip finished ones, resume cut ones.
-    is_finished(out_dir) and val_of(out_dir) default to this script's (docs/beyond_paper.py passes its own)."""
-    is_finished, val_of = is_finished or finished, val_of or final_val
-    todo = [(d, c) for d, c in jobs if not is_finished(d)]
+def run_all(jobs, workers):
+    """Run (out_dir, cmd) jobs, `workers` at a time with one thread each; skip finished ones (their logs are
+    committed), resume cut ones from their last checkpoint; store() each one that finishes."""
+    todo = [(d, c) for d, c in jobs if not finished(d)]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already finished; {len(todo)} to go", flush=True)
     running, t0, done = [], time.time(), 0
     while todo or running:
@@ -113,23 +188,27 @@ def run_all(jobs, workers, is_finished=None, val_of=None):
             print(" ".join(cmd[1:]), flush=True)
             out = open(os.path.join(out_dir, "train.out"), "a")
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-            running.append((out_dir, subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env), out))
+            running.append((out_dir, cmd, subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env), out))
         time.sleep(1)
         for item in list(running):
-            out_dir, p, out = item
+            out_dir, cmd, p, out = item
             if p.poll() is None:
                 continue
             running.remove(item)
             out.close()
             done += 1
-            if p.returncode == 3:                      # train.py's stop after max_nonfinite bad iterations
-                open(os.path.join(out_dir, "diverged"), "w").close()
-            elif p.returncode != 0:
+            if p.returncode in (0, 3):                 # 3: train.py's stop after max_nonfinite bad iterations
+                store(out_dir, cmd, p.returncode)
+            else:
                 print(f"FAILED ({p.returncode}): {out_dir}; see {out_dir}/train.out", flush=True)
             el = time.time() - t0
             left = len(todo) + len(running)
-            print(f"[{done}/{done + left}] {out_dir}: val {val_of(out_dir):.4f} | {el / 60:.1f} min, "
+            print(f"[{done}/{done + left}] {out_dir}: val {final_val(out_dir):.4f} | {el / 60:.1f} min, "
                   f"about {el / done * left / 60:.0f} min left", flush=True)
+
+
+def variants(testbed):
+    return CHAR if testbed == "char" else BPE
 
 
 def tried(testbed, variant):
@@ -145,44 +224,81 @@ def best_lr(testbed, variant):
     return lr if math.isfinite(vals[lr]) else None
 
 
-def edge_runs():
-    """Phase 1b: a variant whose best lr is the highest (lowest) it tried gets the next grid point up
-    (down), so every reported best is bracketed by a worse lr on each side where the grid allows."""
+def settled(testbed, variant):
+    """True when the variant's best lr is final: a worse finished lr on each side, or the grid's end."""
+    lrs, lr = tried(testbed, variant), best_lr(testbed, variant)
+    if lr is None or (testbed == "char" and not set(LRS) <= set(lrs)):
+        return False
+    i = GRID.index(lr)
+    return (lr != lrs[-1] or i + 1 == len(GRID)) and (lr != lrs[0] or i == 0)
+
+
+def edge_runs(testbed):
+    """A variant whose best lr is the highest (lowest) it tried gets the next grid point up (down), so
+    every reported best is bracketed by a worse lr on each side where the grid allows."""
     jobs = []
-    for v in CHAR:
-        lrs, lr = tried("char", v), best_lr("char", v)
+    for v in variants(testbed):
+        lrs, lr = tried(testbed, v), best_lr(testbed, v)
         if lr is None:
             continue
         i = GRID.index(lr)
         if lr == lrs[-1] and i + 1 < len(GRID):
-            jobs.append(command("char", v, GRID[i + 1], SEEDS[0]))
+            jobs.append(command(testbed, v, GRID[i + 1], SEEDS[0]))
         if lr == lrs[0] and i > 0:
-            jobs.append(command("char", v, GRID[i - 1], SEEDS[0]))
+            jobs.append(command(testbed, v, GRID[i - 1], SEEDS[0]))
     return jobs
 
 
 def phase1():
+    """Character testbed: every variant at the 4 grid learning rates, seed 1337."""
     return [command("char", v, lr, SEEDS[0]) for v in CHAR for lr in LRS]
 
 
-def phase234():
+def bpe_start():
+    """BPE testbed: each variant at its best character-level learning rate and one grid step each side."""
     jobs = []
-    for v in CHAR:
-        lr = best_lr("char", v)
-        if lr is not None:
-            jobs += [command("char", v, lr, s) for s in SEEDS[1:]]
     for v in BPE:
         lr = best_lr("char", v)
         if lr is not None:
             i = GRID.index(lr)
-            jobs += [command("bpe", v, g, SEEDS[0]) for g in GRID[i - 1:i + 2]]
-    lr = best_lr("char", "hrm-post")
-    if lr is not None:
-        jobs += [command("char", "hrm-post", lr, SEEDS[0], [f"--K={k}"], f"-K{k}") for k in (1, 4)]
+            jobs += [command("bpe", v, g, SEEDS[0]) for g in GRID[max(i - 1, 0):i + 2]]
     return jobs
 
 
-# --- tables and plots ------------------------------------------------------------------------------
+def seed_runs(testbed):
+    """Each variant's best learning rate with the other two seeds."""
+    return [command(testbed, v, best_lr(testbed, v), s) for v in variants(testbed)
+            if best_lr(testbed, v) is not None for s in SEEDS[1:]]
+
+
+def k_runs():
+    """The K ablation: post-norm HRM at its best character-level lr with K = 1 and K = 4 (= M)."""
+    lr = best_lr("char", "hrm-post")
+    return [] if lr is None else [command("char", "hrm-post", lr, SEEDS[0], [f"--K={k}"], f"-K{k}") for k in (1, 4)]
+
+
+def grow(testbed, workers):
+    """Run edge_runs until every variant's best learning rate is bracketed (or at the grid's end)."""
+    while True:
+        jobs = edge_runs(testbed)
+        if not jobs:
+            return
+        run_all(jobs, workers)
+
+
+def run_everything(workers, testbeds=("char", "bpe")):
+    if "char" in testbeds:
+        run_all(phase1(), workers)
+        grow("char", workers)
+        run_all(seed_runs("char"), workers)
+        run_all(k_runs(), workers)
+    if "bpe" in testbeds:
+        run_all(bpe_start(), workers)
+        grow("bpe", workers)
+        run_all(seed_runs("bpe"), workers)
+
+
+# --- tables and plots, from the committed logs alone ----------------------------------------------
 
 def fmt(v):
     return "diverged" if v == math.inf else f"{v:.3f}"
@@ -194,6 +310,7 @@ def cell(out_dir):
 
 
 def mean_sd(vals):
+    """(mean, sample sd, n) of the finite values."""
     vals = [v for v in vals if math.isfinite(v)]
     if not vals:
         return math.inf, 0.0, 0
@@ -202,206 +319,352 @@ def mean_sd(vals):
     return m, sd, len(vals)
 
 
-def params_of(out_dir):
-    import torch
-    from model import ModelConfig, build_model
-    path = os.path.join(out_dir, "ckpt_last.pt")
+def unigrams():
+    """The unigram CE of each testbed, computed from the data once and committed beside the logs."""
+    path = os.path.join(ROOT, LOGS, "sweep", "unigram.json")
     if not os.path.exists(path):
+        if not all(os.path.exists(os.path.join(ROOT, "data", d, "val.bin")) for d in ("shakespeare_char", "shakespeare")):
+            return {"char": math.nan, "bpe": math.nan}
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"char": unigram_ce(os.path.join(ROOT, "data"), "shakespeare_char"),
+                       "bpe": unigram_ce(os.path.join(ROOT, "data"), "shakespeare")}, f, indent=1)
+    with open(path) as f:
+        return json.load(f)
+
+
+def size_of(testbed, variant):
+    """(stored parameters, counted training FLOPs per token) of a variant, from any finished run's facts."""
+    for lr in GRID:
+        f = facts(run_dir(testbed, variant, lr, SEEDS[0]))
+        if f and "params" in f:
+            return f["params"], f["train_flops_per_token"]
+    return None, None
+
+
+def size_cells(testbed, v):
+    p, fl = size_of(testbed, v)
+    return f"{p / 1e6:.2f}M | {fl / 1e6:.1f}" if p else "- | -"
+
+
+def lr_table(testbed, title):
+    vs = variants(testbed)
+    print(f"### {title}\n")
+    cols = [lr for lr in GRID if any(lr in tried(testbed, v) for v in vs)]
+    print("| variant | params | MFLOPs/token | " + " | ".join(f"lr {lr_name(lr)}" for lr in cols) + " | best lr |")
+    print("|---|---|---|" + "---|" * (len(cols) + 1))
+    for v in vs:
+        best = best_lr(testbed, v)
+        cells = [("**" + cell(d) + "**" if lr == best else cell(d)) if lr in tried(testbed, v) else "-"
+                 for lr, d in ((lr, run_dir(testbed, v, lr, SEEDS[0])) for lr in cols)]
+        print(f"| {v} | {size_cells(testbed, v)} | " + " | ".join(cells) + f" | {lr_name(best) if best else '-'} |")
+    print()
+
+
+def seeds_table(testbed, title, uni):
+    """Each variant at its best lr over the 3 seeds; returns {variant: (mean, sd, n)}."""
+    print(f"### {title}\n")
+    print("| variant | MFLOPs/token | lr | " + " | ".join(f"seed {s}" for s in SEEDS) + " | mean ± sd | below unigram |")
+    print("|---|---|---|" + "---|" * (len(SEEDS) + 2))
+    summary = {}
+    for v in variants(testbed):
+        lr = best_lr(testbed, v)
+        if lr is None:
+            continue
+        dirs = [run_dir(testbed, v, lr, s) for s in SEEDS]
+        summary[v] = mean_sd([final_val(d) for d in dirs if finished(d)])
+        m, sd, n = summary[v]
+        print(f"| {v} | {size_cells(testbed, v).split(' | ')[1]} | {lr_name(lr)} | " + " | ".join(cell(d) for d in dirs) +
+              f" | {m:.3f} ± {sd:.3f} (n={n}) | {uni - m:.3f} |")
+    print()
+    return summary
+
+
+def difference(summary, a, b):
+    """(row minus column, its standard error) of two variants' seed means, or None where one is missing."""
+    if a not in summary or b not in summary or summary[a][2] < 2 or summary[b][2] < 2:
         return None
-    args = torch.load(path, map_location="cpu", weights_only=True)["model_args"]
-    with torch.device("meta"):
-        return build_model(ModelConfig(**args)).num_params()
+    (ma, sa, na), (mb, sb, nb) = summary[a], summary[b]
+    return ma - mb, math.sqrt(sa ** 2 / na + sb ** 2 / nb)
 
 
-def slow_ablation(out_dir):
-    """(CE, CE with the Slow module frozen at z_H0) on the best checkpoint, as analyze.py computes them."""
-    cache = os.path.join(out_dir, "hlrole_a.json")
-    if not os.path.exists(cache):
+# (row, column, what the row changes, what it claims to measure); each pair differs in the one thing named
+COMPARISONS = [
+    ("hrm-post", "transformer-post", "HRM vs Transformer L=4 at equal stored parameters (the paper's Finding 1)"),
+    ("hrm-pre", "transformer-pre", "the same, pre-norm"),
+    ("hrm-post", "unitf-post", "HRM vs UniTF d=256 at equal stored parameters (Finding 3)"),
+    ("hrm-pre", "unitf-pre", "the same, pre-norm"),
+    ("hrm-post", "hrm_fast_only-post", "the Slow module, added to the Fast module alone (+0.34M parameters)"),
+    ("hrm-post", "hrm_fast_only_wide-post", "the Slow module against the same parameters spent on width (d=160)"),
+    ("hrm_fast_only-post", "unitf_d128-post", "HRM's step (input block, re-injection, gates, fusion) vs a plain shared block, both d=128"),
+    ("unitf_d128-post", "transformer-post", "weight sharing: one block applied 4 times vs 4 blocks, both d=128"),
+    ("unitf-post", "unitf_d128-post", "UniTF's width, d=256 vs d=128 (4x the parameters)"),
+    ("unitf-post", "transformer-post", "UniTF d=256 vs Transformer at equal stored parameters"),
+    ("unitf_full-post", "unitf-post", "UniTF full backprop K=M=4 vs K=2 (gradient reaches the embedding)"),
+    ("hrm_clip1-post", "hrm-post", "HRM clipped at 1.0 (the Transformer's) vs at grad_clip * K / M = 0.5"),
+    ("unitf_clip1-post", "unitf-post", "UniTF clipped at 1.0 vs at 0.5"),
+    ("hrm-pre", "transformer_l1-pre", "pre-norm HRM vs its input block alone, a Transformer L=1 (what HRM is when the fusion reads only x~)"),
+    ("transformer-pre", "transformer-post", "Transformer: pre- vs post-norm"),
+    ("unitf-pre", "unitf-post", "UniTF: pre- vs post-norm"),
+    ("hrm-pre", "hrm-post", "HRM: pre- vs post-norm"),
+]
+
+
+def differences_table(summary):
+    print("### Character testbed: differences of the best-lr seed means (row minus column; negative = row better)\n")
+    print("Standard error from the two 3-seed spreads, sqrt(sd_a^2/3 + sd_b^2/3); \"within noise\" where "
+          "|difference| < 2 se.\n")
+    print("| row | column | what differs | Δ CE ± se | verdict | FLOPs/token, row / column |")
+    print("|---|---|---|---|---|---|")
+    for a, b, what in COMPARISONS:
+        d = difference(summary, a, b)
+        fa, fb = size_of("char", a)[1], size_of("char", b)[1]
+        ratio = f"{fa / fb:.2f}x" if fa and fb else "-"
+        if d is None:
+            print(f"| {a} | {b} | {what} | - | - | {ratio} |")
+        else:
+            verdict = "within noise" if abs(d[0]) < 2 * d[1] else ("row better" if d[0] < 0 else "row worse")
+            print(f"| {a} | {b} | {what} | {d[0]:+.3f} ± {d[1]:.3f} | {verdict} | {ratio} |")
+    print()
+    chain = ["hrm-post", "hrm_fast_only-post", "unitf_d128-post", "transformer-post"]
+    ds = [difference(summary, a, b) for a, b in zip(chain, chain[1:])]
+    if all(ds):
+        total = difference(summary, chain[0], chain[-1])
+        print(f"Decomposition, post-norm, d=128 throughout: HRM - Transformer = {total[0]:+.3f} = "
+              f"{ds[0][0]:+.3f} ± {ds[0][1]:.3f} (the Slow module) {ds[1][0]:+.3f} ± {ds[1][1]:.3f} (HRM's step vs a "
+              f"plain shared block) {ds[2][0]:+.3f} ± {ds[2][1]:.3f} (weight sharing)\n")
+
+
+def analysis(out_dir):
+    """The checkpoint readings of a finished run, computed once from out-sweep's ckpt.pt and committed
+    beside its log (docs/logs/.../analysis.json): for HRM the Slow-module ablation (CE with z_H frozen at
+    z_H0), z_H's drift from z_H0 and the fusion weights (analyze.py's HLRole A-C); for HRM and UniTF, val CE
+    at 0.5x to 4x the trained depth (analyze.py --depth). None where neither exists."""
+    path = os.path.join(ROOT, log_dir(out_dir), "analysis.json")
+    if not os.path.exists(path):
+        if not os.path.exists(os.path.join(out_dir, "ckpt.pt")):
+            return None
         import torch
-        from analyze import load, slow_module_frozen, val_batches, val_ce
+        from analyze import depth_table, load, slow_module_frozen, step_stats, val_batches, val_ce
         torch.set_num_threads(1)
-        model, ck = load(out_dir, "ckpt.pt", "cpu")
-        batches = val_batches(ck, None, 16, 4, model.config.block_size)
-        ce = val_ce(model, batches, "cpu")
-        with slow_module_frozen(model):
-            frozen = val_ce(model, batches, "cpu")
-        with open(cache, "w") as f:
-            json.dump({"ce": ce, "ce_h_frozen": frozen}, f)
-    with open(cache) as f:
-        r = json.load(f)
-    return r["ce"], r["ce_h_frozen"]
+        model, ck = load(out_dir, "ckpt.pt", "cpu", ("hrm", "unitf"))
+        batches = val_batches(ck, os.path.join(ROOT, "data"), 16, 4, model.config.block_size)
+        r = {"iter": ck["iter_num"], "ce": val_ce(model, batches, "cpu"),
+             "depth": depth_table(model, batches, "cpu", DEPTHS)}
+        if model.config.arch == "hrm":
+            with slow_module_frozen(model):
+                r["ce_h_frozen"] = val_ce(model, batches, "cpu")
+            steps, r["fusion"] = step_stats(model, batches, "cpu")
+            r["z_H_drift"] = steps[-1]["z_H_drift"]     # after the last step: what the fusion reads
+        with open(path + ".tmp", "w") as f:
+            json.dump(r, f, indent=1)
+        os.replace(path + ".tmp", path)
+    with open(path) as f:
+        return json.load(f)
+
+
+DEPTHS = [0.5, 1, 2, 4]   # multiples of the trained depth for the inference-depth table
+
+
+def best_runs(testbed, v):
+    lr = best_lr(testbed, v)
+    return [] if lr is None else [d for d in (run_dir(testbed, v, lr, s) for s in SEEDS) if finished(d)]
+
+
+def slow_table():
+    print("### The Slow-module reading: each HRM variant at its best lr, 3 seeds (mean ± sd; 64 validation "
+          "sequences of 128 characters)\n")
+    print("ΔCE: CE with z_H frozen at its prototype z_H0 (H_net's update replaced by the identity) minus CE; "
+          "drift: ‖z_H - z_H0‖ / ‖z_H0‖ after the last step; w_H, w_L, w_I: the output fusion's mean weights.\n")
+    print("| variant | CE | ΔCE, H frozen | z_H drift | w_H | w_L | w_I |\n|---|---|---|---|---|---|---|")
+    for v in ("hrm-post", "hrm-pre", "hrm_fast_only-post"):
+        rs = [r for r in (analysis(d) for d in best_runs("char", v)) if r]
+        if not rs:
+            continue
+        def ms(key):
+            m, sd, n = mean_sd([key(r) for r in rs])
+            return f"{m:.3f} ± {sd:.3f}"
+        print(f"| {v} (n={len(rs)}) | {ms(lambda r: r['ce'])} | {ms(lambda r: r['ce_h_frozen'] - r['ce'])} | "
+              f"{ms(lambda r: r['z_H_drift'])} | {ms(lambda r: r['fusion']['w_H'])} | "
+              f"{ms(lambda r: r['fusion']['w_L'])} | {ms(lambda r: r['fusion']['w_I'])} |")
+    print()
+
+
+DEPTH_VARIANTS = ["hrm-post", "hrm-pre", "unitf-post", "unitf-pre", "unitf_full-post", "unitf_d128-post"]
+
+
+def depth_rows(v):
+    """{(varied, depth): [CE of each seed]} for a variant's best-lr runs."""
+    out = {}
+    for r in (analysis(d) for d in best_runs("char", v)):
+        for row in (r or {}).get("depth", []):
+            out.setdefault((row["varied"], row["depth"]), []).append(row["ce"])
+            if row["varied"] == "N" and row["depth"] == 1:    # the trained depth is on the T' line too
+                out.setdefault(("T", 1.0), []).append(row["ce"])
+    return out
+
+
+def depth_table_md():
+    print("### Depth at inference: val CE with the trained weights run at other depths, best lr, 3 seeds "
+          "(mean ± sd; HRM: N' Slow firings with T kept, or T' Fast steps per firing with N kept; UniTF: M' steps)\n")
+    print("| variant | varied | " + " | ".join(f"{f:g}x" for f in DEPTHS) + " |\n|---|---|" + "---|" * len(DEPTHS))
+    for v in DEPTH_VARIANTS:
+        rows = depth_rows(v)
+        for what in ("N", "T", "M"):
+            cells = []
+            for f in DEPTHS:
+                vals = rows.get((what, float(f)))
+                if vals:
+                    m, sd, n = mean_sd(vals)
+                    cells.append(f"{m:.3f} ± {sd:.3f}")
+                else:
+                    cells.append("-")
+            if any(c != "-" for c in cells):
+                print(f"| {v} | {what}' | " + " | ".join(cells) + " |")
+    print()
 
 
 def tables(plots=True):
-    uni = {"char": unigram_ce("data", "shakespeare_char"), "bpe": unigram_ce("data", "shakespeare")}
+    uni = unigrams()
     print(f"Unigram reference (token frequencies from train.bin, add-one smoothed, scored on val.bin): "
           f"character testbed {uni['char']:.3f}, BPE testbed {uni['bpe']:.3f} nats/token\n")
+    lr_table("char", "Character testbed: validation CE after 400 iterations, by learning rate (seed 1337)")
+    summary = seeds_table("char", "Character testbed: each variant at its best learning rate, 3 seeds", uni["char"])
+    differences_table(summary)
+    lr_table("bpe", "BPE testbed (GPT-2 BPE, d=128, 400 iterations): validation CE by learning rate (seed 1337)")
+    seeds_table("bpe", "BPE testbed: each variant at its best learning rate, 3 seeds", uni["bpe"])
 
-    print("### Character testbed: validation CE after 400 iterations, by learning rate (seed 1337)\n")
-    cols = [lr for lr in GRID if any(lr in tried("char", v) for v in CHAR)]
-    print("| variant | params | " + " | ".join(f"lr {lr_name(lr)}" for lr in cols) + " | best lr |")
-    print("|---|---|" + "---|" * (len(cols) + 1))
-    best = {}
-    for v in CHAR:
-        vals = [final_val(run_dir("char", v, lr, SEEDS[0])) if lr in tried("char", v) else None for lr in cols]
-        best[v] = best_lr("char", v)
-        p = params_of(run_dir("char", v, LRS[0], SEEDS[0]))
-        cells = ["-" if x is None else ("**" + fmt(x) + "**") if lr == best[v] else fmt(x) for lr, x in zip(cols, vals)]
-        print(f"| {v} | {p / 1e6:.2f}M | " + " | ".join(cells) + f" | {lr_name(best[v]) if best[v] else '-'} |"
-              if p else f"| {v} | - | " + " | ".join(cells) + " | - |")
-    print(f"| unigram | - | " + " | ".join(f"{uni['char']:.3f}" for _ in cols) + " | - |\n")
-
-    print("### Character testbed: each variant at its best learning rate, 3 seeds\n")
-    print("| variant | lr | " + " | ".join(f"seed {s}" for s in SEEDS) + " | mean ± sd | below unigram |")
-    print("|---|---|" + "---|" * (len(SEEDS) + 2))
-    summary = {}
-    for v in CHAR:
-        if best[v] is None:
-            continue
-        dirs = [run_dir("char", v, best[v], s) for s in SEEDS]
-        m, sd, n = mean_sd([final_val(d) for d in dirs if finished(d)])
-        summary[v] = (m, sd, n)
-        print(f"| {v} | {lr_name(best[v])} | " + " | ".join(cell(d) for d in dirs) +
-              f" | {m:.3f} ± {sd:.3f} (n={n}) | {uni['char'] - m:.3f} |")
-    print()
-
-    def gap(a, b):
-        if a in summary and b in summary:
-            return f"{summary[a][0] - summary[b][0]:+.3f}"
-        return "-"
-    print("### Character testbed: differences of the best-LR means (row minus column; negative = row better)\n")
-    pairs = [("hrm-post", "transformer-post", "HRM vs Transformer, post-norm (the paper's Finding 1)"),
-             ("hrm-pre", "transformer-pre", "HRM vs Transformer, pre-norm"),
-             ("hrm-post", "unitf-post", "HRM vs UniTF, post-norm (Finding 3)"),
-             ("hrm-pre", "unitf-pre", "HRM vs UniTF, pre-norm"),
-             ("transformer-pre", "transformer-post", "Transformer: pre- minus post-norm"),
-             ("unitf-pre", "unitf-post", "UniTF: pre- minus post-norm"),
-             ("hrm-pre", "hrm-post", "HRM: pre- minus post-norm"),
-             ("unitf_full-post", "unitf-post", "UniTF: full backprop minus K=2 (gradient to the embedding)"),
-             ("hrm_fast_only-post", "unitf-post", "Fast module alone minus UniTF (re-injection and gating)"),
-             ("hrm-post", "hrm_fast_only-post", "HRM minus the Fast module alone (the Slow module)"),
-             ("unitf-post", "transformer-post", "UniTF minus Transformer, post-norm (shared vs independent weights)")]
-    print("| comparison | difference |\n|---|---|")
-    for a, b, what in pairs:
-        print(f"| {what} | {gap(a, b)} |")
-    print()
-    # the post-norm HRM-vs-Transformer gap telescopes through the two controls, so each structural
-    # difference gets its share: HRM - T = (HRM - Fast alone) + (Fast alone - UniTF) + (UniTF - T)
-    chain = ["hrm-post", "hrm_fast_only-post", "unitf-post", "transformer-post"]
-    if all(v in summary for v in chain):
-        parts = [summary[a][0] - summary[b][0] for a, b in zip(chain, chain[1:])]
-        print(f"Decomposition, post-norm: HRM - Transformer = {sum(parts):+.3f} = {parts[0]:+.3f} (the Slow module) "
-              f"{parts[1]:+.3f} (re-injection, gating and fusion vs a plain shared stack) "
-              f"{parts[2]:+.3f} (weight sharing at matched stored parameters)\n")
-
-    print("### BPE testbed (GPT-2 BPE, d=128, 300 iterations): validation CE at the best character-level "
-          "learning rate and one grid step each side (seed 1337)\n")
-    print("| variant | lr / 3 | best char lr | lr x 3 |\n|---|---|---|---|")
-    for v in BPE:
-        if best.get(v) is None:
-            continue
-        i = GRID.index(best[v])
-        cells = [f"{lr_name(g)}: {cell(run_dir('bpe', v, g, SEEDS[0]))}" for g in GRID[i - 1:i + 2]]
-        print(f"| {v} | " + " | ".join(cells) + " |")
-    print(f"| unigram | {uni['bpe']:.3f} | {uni['bpe']:.3f} | {uni['bpe']:.3f} |\n")
-
-    if best.get("hrm-post"):
-        lr = best["hrm-post"]
+    lr = best_lr("char", "hrm-post")
+    if lr:
         print(f"### K ablation: post-norm HRM, M = 4, lr {lr_name(lr)}, seed 1337 (clipping at grad_clip * K / M)\n")
-        print("| K | val CE |\n|---|---|")
+        print("| K | MFLOPs/token | val CE |\n|---|---|---|")
         for k, extra in ((1, "-K1"), (2, ""), (4, "-K4")):
-            print(f"| {k}{' (= M, full backprop)' if k == 4 else ''} | "
-                  f"{cell(run_dir('char', 'hrm-post', lr, SEEDS[0], extra))} |")
+            d = run_dir("char", "hrm-post", lr, SEEDS[0], extra)
+            fl = f"{facts(d)['train_flops_per_token'] / 1e6:.1f}" if finished(d) else "-"
+            print(f"| {k}{' (= M, full backprop)' if k == 4 else ''} | {fl} | {cell(d)} |")
         print()
-
-    print("### Slow-module ablation (HLRole A): CE with z_H frozen at z_H0, on each HRM variant's best "
-          "checkpoint at its best lr, seed 1337 (64 validation sequences)\n")
-    print("| variant | CE | CE, H frozen | ΔCE |\n|---|---|---|---|")
-    for v in ("hrm-post", "hrm-pre"):
-        d = run_dir("char", v, best[v], SEEDS[0]) if best.get(v) else None
-        if d and os.path.exists(os.path.join(d, "ckpt.pt")):
-            ce, fr = slow_ablation(d)
-            print(f"| {v} | {ce:.3f} | {fr:.3f} | {fr - ce:+.3f} |")
-    print()
-    missing = [f"{tb}/{v}" for tb, vs in (("char", CHAR), ("bpe", BPE)) for v in vs if not tried(tb, v)]
-    if plots and missing:   # a fresh clone has no runs: the committed plots stay as they are
-        print(f"sweep.py: not drawing docs/sweep_lr.png and docs/sweep_curves.png: no finished run for "
-              f"{len(missing)} variant(s) ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}) under "
-              f"out-sweep/; the committed plots are kept", file=sys.stderr)
-    elif plots:
-        draw(best, uni)
+    slow_table()
+    depth_table_md()
+    if plots:
+        draw(uni)
 
 
-def draw(best, uni):
+def save(fig, name):
+    """Byte-identical output for identical logs: no timestamp or version in the PNG's metadata."""
+    fig.savefig(os.path.join(ROOT, "docs", name), metadata={"Software": None})
+
+
+def draw(uni):
+    """Each plot whose runs are all committed; one line names the others, whose committed files are kept."""
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    colors = {"hrm": "C0", "transformer": "C1", "unitf": "C2", "hrm_fast_only": "C4", "unitf_full": "C3"}
-
-    def style(v):
-        arch, norm = v.rsplit("-", 1)
-        return dict(color=colors[arch], linestyle="-" if norm == "post" else "--")
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=130)
-    for testbed, ax in zip(("char", "bpe"), axes):
-        for v in (CHAR if testbed == "char" else BPE):
-            pts = [(lr, final_val(run_dir(testbed, v, lr, SEEDS[0]))) for lr in GRID]
-            pts = [(lr, y) for lr, y in pts if math.isfinite(y)]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", markersize=3, label=v, **style(v))
-        ax.axhline(uni[testbed], color="0.4", linewidth=1, linestyle=":", label=f"unigram {uni[testbed]:.2f}")
-        ax.set_xscale("log")
-        ax.set_xlabel("peak learning rate")
-        ax.set_ylabel("final validation CE")
-        ax.set_title(f"{'Character' if testbed == 'char' else 'BPE'} testbed, {ITERS[testbed]} iterations: "
-                     f"CE vs learning rate (seed 1337)", fontsize=9)
-        ax.grid(True, linestyle=":", color="0.85")
-        ax.legend(fontsize=6.5)
-    fig.tight_layout()
-    fig.savefig(os.path.join(ROOT, "docs", "sweep_lr.png"))
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=130)
-    for v in CHAR:
-        if best.get(v) is None:
+    kept = []
+    for name, testbed, fn in (("sweep_lr.png", "char", draw_lr), ("bpe_lr.png", "bpe", draw_lr),
+                              ("sweep_curves.png", "char", draw_curves), ("depth.png", "char", draw_depth)):
+        missing = [v for v in variants(testbed) if not settled(testbed, v)]
+        if missing:   # never overwrite a committed plot with an empty or partial one
+            kept.append(f"docs/{name} ({len(missing)} {testbed} variant(s) unsettled: {', '.join(missing[:3])}"
+                        f"{', ...' if len(missing) > 3 else ''})")
             continue
-        logs = [load_log(d) for d in (run_dir("char", v, best[v], s) for s in SEEDS)
-                if os.path.exists(os.path.join(d, "log.jsonl")) and finished(d)]
+        fn(name, testbed, uni)
+        print(f"wrote docs/{name}")
+    if kept:
+        print(f"sweep.py: not drawing {'; '.join(kept)}: no committed runs for them; the committed plots are kept",
+              file=sys.stderr)
+
+
+COLORS = {"hrm": "C0", "transformer": "C1", "unitf": "C2", "hrm_fast_only": "C4", "unitf_full": "C3",
+          "hrm_fast_only_wide": "C5", "unitf_d128": "C6", "hrm_clip1": "C7", "unitf_clip1": "C8",
+          "transformer_l1": "C9"}
+
+
+def style(v):
+    arch, norm = v.rsplit("-", 1)
+    return dict(color=COLORS[arch], linestyle="-" if norm == "post" else "--")
+
+
+def draw_lr(name, testbed, uni):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=130)
+    for v in variants(testbed):
+        pts = [(lr, final_val(run_dir(testbed, v, lr, SEEDS[0]))) for lr in tried(testbed, v)]
+        pts = [(lr, y) for lr, y in pts if math.isfinite(y)]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", markersize=3, label=v, **style(v))
+    ax.axhline(uni[testbed], color="0.4", linewidth=1, linestyle=":", label=f"unigram {uni[testbed]:.2f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("final validation CE")
+    ax.set_title(f"{'Character' if testbed == 'char' else 'BPE'} testbed, {ITERS[testbed]} iterations: "
+                 f"CE vs learning rate (seed 1337)", fontsize=9)
+    ax.grid(True, linestyle=":", color="0.85")
+    ax.legend(fontsize=5.5)
+    fig.tight_layout()
+    save(fig, name)
+
+
+def draw_curves(name, testbed, uni):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=130)
+    for v in variants(testbed):
+        logs = [run_log(d) for d in best_runs(testbed, v)]
         if not logs:
             continue
         iters = sorted(set.intersection(*[{r["iter"] for r in lg} for lg in logs]))
         ys = [[{r["iter"]: r["val_loss"] for r in lg}[i] for lg in logs] for i in iters]
-        mean = [sum(y) / len(y) for y in ys]
-        ax.plot(iters, mean, marker="o", markersize=2.5, label=f"{v} (lr {lr_name(best[v])}, {len(logs)} seeds)", **style(v))
+        ax.plot(iters, [sum(y) / len(y) for y in ys], marker="o", markersize=2.5,
+                label=f"{v} (lr {lr_name(best_lr(testbed, v))}, {len(logs)} seeds)", **style(v))
         ax.fill_between(iters, [min(y) for y in ys], [max(y) for y in ys], color=style(v)["color"], alpha=0.15)
-    ax.axhline(uni["char"], color="0.4", linewidth=1, linestyle=":", label=f"unigram {uni['char']:.2f}")
+    ax.axhline(uni[testbed], color="0.4", linewidth=1, linestyle=":", label=f"unigram {uni[testbed]:.2f}")
     ax.set_yscale("log")  # keeps iteration 0 (ln 80 = 4.38) on the chart beside the final values
     ax.set_xlabel("iteration")
     ax.set_ylabel("validation CE (log scale)")
     ax.set_title("Character testbed: learning curves at each variant's best lr (band: seed min-max)", fontsize=9)
     ax.grid(True, which="both", linestyle=":", color="0.85")
-    ax.legend(fontsize=6.5)
+    ax.legend(fontsize=5)
     fig.tight_layout()
-    fig.savefig(os.path.join(ROOT, "docs", "sweep_curves.png"))
-    print("wrote docs/sweep_lr.png and docs/sweep_curves.png")
+    save(fig, name)
+
+
+def draw_depth(name, testbed, uni):
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=130, sharey=True)
+    for ax, varied in zip(axes, ("N", "T")):
+        for v in DEPTH_VARIANTS:
+            rows = depth_rows(v)
+            what = varied if v.startswith("hrm") else "M"
+            pts = [(f, mean_sd(rows[(what, f)])[0]) for f in map(float, DEPTHS) if (what, f) in rows]
+            pts = [(f, y) for f, y in pts if math.isfinite(y)]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", markersize=3, label=f"{v} ({what}')", **style(v))
+        ax.axhline(uni[testbed], color="0.4", linewidth=1, linestyle=":", label=f"unigram {uni[testbed]:.2f}")
+        ax.axvline(1, color="0.6", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("inference depth / trained depth")
+        ax.set_ylabel("validation CE (3-seed mean)")
+        ax.set_title(f"Depth at inference: HRM varies {varied}', UniTF varies M'", fontsize=9)
+        ax.grid(True, linestyle=":", color="0.85")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    save(fig, name)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tables", action="store_true", help="print the tables and draw the plots only")
     ap.add_argument("--workers", type=int, default=2, help="runs at once (one thread each)")
+    ap.add_argument("--testbeds", default="char,bpe", help="run these testbeds' phases only (char: phases 1, 2 "
+                    "and the K ablation; bpe: needs char's learning rates)")
     args = ap.parse_args()
+    args.testbeds = args.testbeds.split(",")
+    if not args.tables and not set(args.testbeds) <= {"char", "bpe"}:
+        sys.exit(f"sweep.py: error: --testbeds={','.join(args.testbeds)}: choose from char, bpe")
     os.chdir(ROOT)
-    for ds, hint in (("shakespeare_char", "--dataset=shakespeare_char"), ("shakespeare", "")):
-        if not os.path.exists(os.path.join("data", ds, "val.bin")):
-            sys.exit(f"sweep.py: error: data/{ds} not found; run python prepare.py {hint}")
     if not args.tables:
-        run_all(phase1(), args.workers)
-        while True:                      # grow the grid until each best is bracketed
-            jobs = edge_runs()
-            if not jobs:
-                break
-            run_all(jobs, args.workers)
-        run_all(phase234(), args.workers)
+        for ds, hint in (("shakespeare_char", "--dataset=shakespeare_char"), ("shakespeare", "")):
+            if not os.path.exists(os.path.join("data", ds, "val.bin")):
+                sys.exit(f"sweep.py: error: data/{ds} not found; run python prepare.py {hint}")
+        run_everything(args.workers, args.testbeds)
     tables()
 
 

@@ -1,0 +1,195 @@
+"""
+The long run (docs/RESULTS.md): does the character testbed's ordering hold with 10x the training? Every run
+of docs/sweep.py stops at 400 iterations (410k characters) with its curve still falling; these run 4000
+iterations of the same 8 x 128 batches (4.1M characters) for the six main variants: HRM post- and pre-norm,
+the Transformer post- and pre-norm, UniTF post-norm and UniTF with full backprop.
+
+    python docs/sweep.py                 # first: the 400-iteration learning rates this starts from
+    python docs/long_run.py              # the runs still missing (two at a time, one thread each), then the tables
+    python docs/long_run.py --dry-run    # list the train.py commands still to run; run nothing
+    python docs/long_run.py --tables     # tables and plot only, from the committed logs (docs/logs/long/)
+
+Phase A: each variant at its best 400-iteration learning rate and one grid step lower (a longer run often
+prefers a lower one), seed 1337. Phase B: the better of the two with seeds 42 and 2024. Everything else is
+sweep.py's schedule scaled to 4000 iterations: 400 warmup iterations, cosine decay to lr/10, an evaluation
+every 200. A run cut off resumes from its last checkpoint; a finished run's log is copied to docs/logs/long/.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sweep  # noqa: E402  (its runner, its learning-rate grid and its committed logs)
+
+OUT = "out-long"
+ITERS = 4000                       # 10x the sweep's 400 iterations of 8 x 128 characters
+VARIANTS = ["hrm-post", "hrm-pre", "transformer-post", "transformer-pre", "unitf-post", "unitf_full-post"]
+GAPS = [("hrm-post", "transformer-post"), ("hrm-pre", "transformer-pre"), ("hrm-post", "unitf-post"),
+        ("hrm-pre", "hrm-post"), ("unitf_full-post", "unitf-post")]
+AT = [400, 1000, 2000, 3000, 4000]   # iterations the gap table reads the curves at
+SEEDS = sweep.SEEDS
+
+
+def job(v, lr, seed):
+    return sweep.command("char", v, lr, seed, iters=ITERS, out=OUT)
+
+
+def candidates(v):
+    """The variant's best 400-iteration learning rate and one grid step lower (None before the sweep has one)."""
+    if not sweep.settled("char", v):
+        return None
+    best = sweep.best_lr("char", v)
+    return [best, sweep.GRID[sweep.GRID.index(best) - 1]]
+
+
+def chosen(v):
+    """The better of the two candidates at 4000 iterations, once both have finished (seed 1337)."""
+    lrs = candidates(v)
+    dirs = [job(v, lr, SEEDS[0])[0] for lr in lrs or []]
+    if not dirs or not all(sweep.finished(d) for d in dirs):
+        return None
+    return min(lrs, key=lambda lr: sweep.final_val(job(v, lr, SEEDS[0])[0]))
+
+
+def phase_a():
+    """Best lr for every variant first, then the lower one: each variant gets a long curve early."""
+    return [job(v, lrs[k], SEEDS[0]) for k in (0, 1) for v in VARIANTS if (lrs := candidates(v))]
+
+
+def phase_b():
+    return [job(v, chosen(v), s) for s in SEEDS[1:] for v in VARIANTS if chosen(v) is not None]
+
+
+def curve(v):
+    """{iteration: [val CE of each finished seed]} at the chosen lr."""
+    out = {}
+    lr = chosen(v)
+    for s in SEEDS if lr else []:
+        d = job(v, lr, s)[0]
+        if sweep.finished(d):
+            for r in sweep.run_log(d):
+                if r.get("val_loss") is not None:
+                    out.setdefault(r["iter"], []).append(r["val_loss"])
+    return out
+
+
+def gap(a, b, it):
+    """(a minus b, its standard error) of the seed means at iteration it, or None."""
+    ca, cb = curve(a).get(it), curve(b).get(it)
+    if not ca or not cb or len(ca) < 2 or len(cb) < 2:
+        return None
+    return sweep.difference({a: sweep.mean_sd(ca), b: sweep.mean_sd(cb)}, a, b)
+
+
+def tables(plots=True):
+    uni = sweep.unigrams()["char"]
+    print(f"### Long run: validation CE after {ITERS} iterations ({ITERS * 1024 / 1e6:.1f}M characters, 10x the "
+          f"sweep), seed 1337, at the best 400-iteration lr and one grid step lower\n")
+    print("| variant | params | MFLOPs/token | best lr at 400 it | CE | one step lower | CE | chosen |")
+    print("|---|---|---|---|---|---|---|---|")
+    for v in VARIANTS:
+        lrs = candidates(v)
+        if not lrs:
+            continue
+        cells = " | ".join(f"{sweep.lr_name(lr)} | {sweep.cell(job(v, lr, SEEDS[0])[0])}" for lr in lrs)
+        c = chosen(v)
+        print(f"| {v} | {sweep.size_cells('char', v)} | {cells} | {sweep.lr_name(c) if c else '-'} |")
+    print()
+    print(f"### Long run: each variant at its chosen lr, 3 seeds, after {ITERS} iterations\n")
+    print("| variant | lr | " + " | ".join(f"seed {s}" for s in SEEDS) +
+          " | mean ± sd | the same at 400 iterations (sweep) | below unigram |")
+    print("|---|---|" + "---|" * (len(SEEDS) + 3))
+    for v in VARIANTS:
+        lr = chosen(v)
+        if lr is None:
+            continue
+        dirs = [job(v, lr, s)[0] for s in SEEDS]
+        m, sd, n = sweep.mean_sd([sweep.final_val(d) for d in dirs if sweep.finished(d)])
+        short = sweep.mean_sd([sweep.final_val(d) for d in sweep.best_runs("char", v)])
+        print(f"| {v} | {sweep.lr_name(lr)} | " + " | ".join(sweep.cell(d) for d in dirs) +
+              f" | {m:.3f} ± {sd:.3f} (n={n}) | {short[0]:.3f} ± {short[1]:.3f} (n={short[2]}) | {uni - m:.3f} |")
+    print()
+    print("### Long run: differences along the curves (row minus column, 3-seed means ± se; negative = row better)\n")
+    print("| row | column | " + " | ".join(f"iter {it} ({it * 1024 / 1e6:.2f}M chars)" for it in AT) + " |")
+    print("|---|---|" + "---|" * len(AT))
+    for a, b in GAPS:
+        cells = []
+        for it in AT:
+            d = gap(a, b, it)
+            cells.append("-" if d is None else f"{d[0]:+.3f} ± {d[1]:.3f}" + (" (noise)" if abs(d[0]) < 2 * d[1] else ""))
+        print(f"| {a} | {b} | " + " | ".join(cells) + " |")
+    print()
+    missing = [v for v in VARIANTS if not curve(v)]
+    if plots and missing:   # never overwrite the committed plot with a partial one
+        print(f"long_run.py: not drawing docs/long_run.png: no committed run at the chosen lr of "
+              f"{', '.join(missing)}; the committed plot is kept", file=sys.stderr)
+    elif plots:
+        draw(uni)
+
+
+def draw(uni):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colors = {"hrm": "C0", "transformer": "C1", "unitf": "C2", "unitf_full": "C3"}
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=130)
+    for v in VARIANTS:
+        arch, norm = v.rsplit("-", 1)
+        c = curve(v)
+        its = sorted(c)
+        st = dict(color=colors[arch], linestyle="-" if norm == "post" else "--")
+        ax.plot([i * 1024 for i in its], [sum(c[i]) / len(c[i]) for i in its],
+                label=f"{v} (lr {sweep.lr_name(chosen(v))}, {len(c[its[-1]])} seeds)", **st)
+        ax.fill_between([i * 1024 for i in its], [min(c[i]) for i in its], [max(c[i]) for i in its],
+                        color=colors[arch], alpha=0.15)
+    ax.axhline(uni, color="0.4", linewidth=1, linestyle=":", label=f"unigram {uni:.2f}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("characters seen")
+    ax.set_ylabel("validation CE (log scale)")
+    ax.set_title(f"Character testbed, {ITERS} iterations (band: seed min-max)", fontsize=9)
+    for k, (a, b) in enumerate(GAPS[:3]):
+        its = sorted(set(curve(a)) & set(curve(b)))
+        pts = [(i * 1024, gap(a, b, i)) for i in its]
+        pts = [(t, d) for t, d in pts if d]
+        if pts:
+            t, d = zip(*pts)
+            bx.plot(t, [x[0] for x in d], color=f"C{k}", label=f"{a} minus {b}")
+            bx.fill_between(t, [x[0] - 2 * x[1] for x in d], [x[0] + 2 * x[1] for x in d], color=f"C{k}", alpha=0.15)
+    bx.axhline(0, color="0.4", linewidth=1)
+    bx.set_xscale("log")
+    bx.set_xlabel("characters seen")
+    bx.set_ylabel("difference in validation CE (band: ± 2 se)")
+    bx.set_title("HRM minus each baseline, 3-seed means", fontsize=9)
+    for a in (ax, bx):
+        a.grid(True, which="both", linestyle=":", color="0.85")
+        a.legend(fontsize=6.5)
+    fig.tight_layout()
+    sweep.save(fig, "long_run.png")
+    print("wrote docs/long_run.png")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tables", action="store_true", help="print the tables and draw the plot only")
+    ap.add_argument("--dry-run", action="store_true", help="list the train.py commands still to run; run nothing")
+    ap.add_argument("--workers", type=int, default=2, help="runs at once (one thread each)")
+    args = ap.parse_args()
+    os.chdir(sweep.ROOT)
+    if args.dry_run:
+        for d, cmd in phase_a() + phase_b():
+            print(("# finished: " if sweep.finished(d) else "") + "OMP_NUM_THREADS=1 python " + " ".join(cmd[1:]))
+        return
+    if not args.tables:
+        missing = [v for v in VARIANTS if candidates(v) is None]
+        if missing:
+            sys.exit(f"long_run.py: error: no settled 400-iteration learning rate yet for {', '.join(missing)}; "
+                     f"run python docs/sweep.py first")
+        sweep.run_all(phase_a(), args.workers)
+        sweep.run_all(phase_b(), args.workers)
+    tables()
+
+
+if __name__ == "__main__":
+    main()
