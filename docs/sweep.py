@@ -351,13 +351,13 @@ def lr_table(testbed, title):
     vs = variants(testbed)
     print(f"### {title}\n")
     cols = [lr for lr in GRID if any(lr in tried(testbed, v) for v in vs)]
-    print("| variant | params | MFLOPs/token | " + " | ".join(f"lr {lr_name(lr)}" for lr in cols) + " | best lr |")
-    print("|---|---|---|" + "---|" * (len(cols) + 1))
+    head = ["variant", "params", "MFLOPs/token"] + [f"lr {lr_name(lr)}" for lr in cols] + ["best lr"]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for v in vs:
         best = best_lr(testbed, v)
         cells = [("**" + cell(d) + "**" if lr == best else cell(d)) if lr in tried(testbed, v) else "-"
                  for lr, d in ((lr, run_dir(testbed, v, lr, SEEDS[0])) for lr in cols)]
-        print(f"| {v} | {size_cells(testbed, v)} | " + " | ".join(cells) + f" | {lr_name(best) if best else '-'} |")
+        print("| " + " | ".join([v, size_cells(testbed, v)] + cells + [lr_name(best) if best else "-"]) + " |")
     print()
 
 
@@ -481,10 +481,10 @@ def slow_table():
         rs = [r for r in (analysis(d) for d in best_runs("char", v)) if r]
         if not rs:
             continue
-        def ms(key):
+        def ms(key, sign=""):
             m, sd, n = mean_sd([key(r) for r in rs])
-            return f"{m:.3f} ± {sd:.3f}"
-        print(f"| {v} (n={len(rs)}) | {ms(lambda r: r['ce'])} | {ms(lambda r: r['ce_h_frozen'] - r['ce'])} | "
+            return f"{m:{sign}.3f} ± {sd:.3f}"
+        print(f"| {v} (n={len(rs)}) | {ms(lambda r: r['ce'])} | {ms(lambda r: r['ce_h_frozen'] - r['ce'], '+')} | "
               f"{ms(lambda r: r['z_H_drift'])} | {ms(lambda r: r['fusion']['w_H'])} | "
               f"{ms(lambda r: r['fusion']['w_L'])} | {ms(lambda r: r['fusion']['w_I'])} |")
     print()
