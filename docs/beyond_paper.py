@@ -2,12 +2,12 @@
 Beyond the paper (docs/RESULTS.md): the paper's own future work for its "gradient coverage bottleneck"
 and its KV cache, run on the character testbed at matched budget. One command runs what is missing,
 skipping finished runs (so it resumes after a stop), then prints the table and draws the plot from the
-runs' logs and checkpoints:
+committed logs (docs/logs/beyond/: each finished run's log.jsonl, run.json and measure.json):
 
     python prepare.py --dataset=shakespeare_char
     python docs/beyond_paper.py              # all runs (19 x 300 iterations, 2 at a time; ~40 min), then the table
     python docs/beyond_paper.py --dry-run    # list the train.py commands still to run; run nothing
-    python docs/beyond_paper.py --tables     # the table and plot only, from whatever runs exist
+    python docs/beyond_paper.py --tables     # the table and plot only, from the committed logs alone
 
 Every run is config/char_hrm.py (d=128, lr 3e-3, batch 8 x 128 characters) for 300 iterations with N=4,
 T=2: M = 8 instead of the config's 4, so that a pass has 4 Slow firings for hierarchical BPTT to chain
@@ -141,12 +141,15 @@ def tables(args, plots=True):
         base = rows.get("paper-K2", (math.inf,))[0]
         ce = "-" if n == 0 else f"{m:.3f} ± {sd:.3f} (n={n})"
         diff = f"{m - base:+.3f}" if n and math.isfinite(base) and v != "paper-K2" else "-"
+        se = sweep.difference({k: r[:3] for k, r in rows.items()}, v, "paper-K2") if v != "paper-K2" else None
+        if se:   # with its standard error, and "(noise)" where it is under 2 se
+            diff += f" ± {se[1]:.3f}" + (" (noise)" if abs(se[0]) < 2 * se[1] else "")
         fl = next((f["train_flops_per_token"] for f in map(sweep.facts, dirs) if f and "train_flops_per_token" in f), None)
         print(f"| {v} | {VARIANTS[v][1]} | {ce} | {diff} | {f'{fl / 1e6:.1f}' if fl else '-'} | " +
               (f"{meas['iter_mb']:.1f} | " if meas else "- | ") + (f"{statistics.median(ms):.0f} | " if ms else "- | ") +
               (f"{meas['kv_cache_mb']:.2f} | {meas['params'] / 1e6:.3f}M |" if meas else "- | - |"))
-    print(f"\niter MB: peak memory one training iteration adds (fresh process, batch 8 x 128); ms/iter: median of "
-          f"the runs' median logged values, two runs sharing 2 cores; KV cache: 128 positions, float32, batch 1.\n")
+    print("\niter MB: peak memory one training iteration adds (fresh process, batch 8 x 128); ms/iter: median of "
+          "the runs' median logged values, two runs sharing 2 cores; KV cache: 128 positions, float32, batch 1.\n")
     missing = [v for v in args.variants if not any(finished(run_dir(args.out, v, s)) for s in args.seeds)]
     if plots and missing:   # never overwrite the committed plot with a partial one
         print(f"beyond_paper.py: not drawing docs/beyond_paper.png: no committed run of {', '.join(missing)}; "
@@ -212,8 +215,7 @@ def main():
     # shows its time and memory, and the quality column is full's
     jobs = [command(args, v, s) for s in args.seeds for v in args.variants if v != "full-ckpt" or s == args.seeds[0]]
     if args.dry_run:
-        for d, cmd in jobs:
-            print(("# finished: " if finished(d) else "") + "OMP_NUM_THREADS=1 python " + " ".join(cmd[1:]))
+        sweep.dry_run(jobs)
         return
     if not args.tables:
         if not os.path.exists(os.path.join(args.data_dir, "shakespeare_char", "val.bin")):

@@ -178,8 +178,7 @@ def main():
     args = ap.parse_args()
     os.chdir(sweep.ROOT)
     if args.dry_run:
-        for d, cmd in phase_a() + phase_b():
-            print(("# finished: " if sweep.finished(d) else "") + "OMP_NUM_THREADS=1 python " + " ".join(cmd[1:]))
+        sweep.dry_run(phase_a() + phase_b())
         return
     if not args.tables:
         missing = [v for v in VARIANTS if candidates(v) is None]

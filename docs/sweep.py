@@ -35,9 +35,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from plot import load_log  # noqa: E402
-from prepare import unigram_ce  # noqa: E402
+sys.path.insert(0, ROOT)   # train.py's modules; imported where used, so --tables from run.json files needs no torch
 
 OUT = "out-sweep"                          # every run's out_dir (checkpoints; not committed) is under here
 LOGS = os.path.join("docs", "logs")        # committed: out-<name>/<run>/log.jsonl -> docs/logs/<name>/<run>/
@@ -108,6 +106,7 @@ def finished(out_dir):
 
 def run_log(out_dir):
     """The committed log of a finished run: a list of rows, one per logged iteration."""
+    from plot import load_log
     return load_log(os.path.join(ROOT, log_dir(out_dir)))
 
 
@@ -142,6 +141,7 @@ def store(out_dir, cmd, returncode):
     FLOPs) under docs/logs/, written last and atomically, so a run counts as finished only once both exist."""
     dst = os.path.join(ROOT, log_dir(out_dir))
     os.makedirs(dst, exist_ok=True)
+    from plot import load_log
     rows = load_log(out_dir) if os.path.exists(os.path.join(out_dir, "log.jsonl")) else []
     if rows and os.path.abspath(dst) != os.path.abspath(out_dir):
         shutil.copyfile(os.path.join(out_dir, "log.jsonl"), os.path.join(dst, "log.jsonl"))
@@ -205,6 +205,12 @@ def run_all(jobs, workers):
             left = len(todo) + len(running)
             print(f"[{done}/{done + left}] {out_dir}: val {final_val(out_dir):.4f} | {el / 60:.1f} min, "
                   f"about {el / done * left / 60:.0f} min left", flush=True)
+
+
+def dry_run(jobs):
+    """--dry-run: each job's command, marked where its log is committed (the runner will skip it)."""
+    for d, cmd in jobs:
+        print(("# finished: " if finished(d) else "") + "OMP_NUM_THREADS=1 python " + " ".join(cmd[1:]))
 
 
 def variants(testbed):
@@ -325,6 +331,7 @@ def unigrams():
     if not os.path.exists(path):
         if not all(os.path.exists(os.path.join(ROOT, "data", d, "val.bin")) for d in ("shakespeare_char", "shakespeare")):
             return {"char": math.nan, "bpe": math.nan}
+        from prepare import unigram_ce
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump({"char": unigram_ce(os.path.join(ROOT, "data"), "shakespeare_char"),
@@ -487,6 +494,16 @@ def slow_table():
         print(f"| {v} (n={len(rs)}) | {ms(lambda r: r['ce'])} | {ms(lambda r: r['ce_h_frozen'] - r['ce'], '+')} | "
               f"{ms(lambda r: r['z_H_drift'])} | {ms(lambda r: r['fusion']['w_H'])} | "
               f"{ms(lambda r: r['fusion']['w_L'])} | {ms(lambda r: r['fusion']['w_I'])} |")
+    print()
+    print("### The Slow-module reading, seed by seed: post-norm HRM at its best lr\n")
+    print("| seed | CE | ΔCE, H frozen | z_H drift | w_H / w_L / w_I |\n|---|---|---|---|---|")
+    for d in best_runs("char", "hrm-post"):
+        r = analysis(d)
+        if r:
+            w = r["fusion"]
+            print(f"| {facts(d)['command'].split('--seed=')[1].split()[0]} | {r['ce']:.3f} | "
+                  f"{r['ce_h_frozen'] - r['ce']:+.3f} | {r['z_H_drift']:.3f} | "
+                  f"{w['w_H']:.3f} / {w['w_L']:.3f} / {w['w_I']:.3f} |")
     print()
 
 
