@@ -26,6 +26,9 @@ def close(a, b, tol):
     return abs(la - lb) <= tol and abs(va - vb) <= tol and (ga is None or abs(ga - gb) <= 1e-3 * ga)
 
 
+# slow (CI time, 40 s of three 2-process runs): CI keeps test_fsdp_needs_torchrun and the DDP tests below;
+# run before touching parallel.fully_shard_model, parallel.full_state or the FSDP resume path
+@pytest.mark.slow
 def test_fsdp_matches_one_process_and_resumes_exactly(data_dir, tmp_path):
     one, full, part = (str(tmp_path / n) for n in ("one", "fsdp", "fsdp_resumed"))
     run_train(FSDP_ARGS + ["--max_iters=6"], data_dir, one)
