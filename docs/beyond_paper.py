@@ -182,12 +182,7 @@ def draw(args, rows):
     bx.set_xlabel("memory one training iteration adds (MB)")
     bx.set_ylabel("final validation CE (mean ± sd)")
     bx.set_title("Quality against training memory", fontsize=9)
-    for a in (ax, bx):
-        a.grid(True, which="both", linestyle=":", color="0.85")
-        a.legend(fontsize=6.5)
-    fig.tight_layout()
-    sweep.save(fig, "beyond_paper.png")
-    print("wrote docs/beyond_paper.png")
+    sweep.finish(fig, (ax, bx), "beyond_paper.png")
 
 
 def main():

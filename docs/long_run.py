@@ -162,12 +162,7 @@ def draw(uni):
     bx.set_xlabel("characters seen")
     bx.set_ylabel("difference in validation CE (band: ± 2 se)")
     bx.set_title("HRM minus each baseline, 3-seed means", fontsize=9)
-    for a in (ax, bx):
-        a.grid(True, which="both", linestyle=":", color="0.85")
-        a.legend(fontsize=6.5)
-    fig.tight_layout()
-    sweep.save(fig, "long_run.png")
-    print("wrote docs/long_run.png")
+    sweep.finish(fig, (ax, bx), "long_run.png")
 
 
 def main():

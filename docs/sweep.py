@@ -571,6 +571,16 @@ def save(fig, name):
     fig.savefig(os.path.join(ROOT, "docs", name), metadata={"Software": None})
 
 
+def finish(fig, axes, name):
+    """The two-panel plots' common end (docs/long_run.py, docs/beyond_paper.py): grid, legend, save."""
+    for a in axes:
+        a.grid(True, which="both", linestyle=":", color="0.85")
+        a.legend(fontsize=6.5)
+    fig.tight_layout()
+    save(fig, name)
+    print(f"wrote docs/{name}")
+
+
 def draw(uni):
     """Each plot whose runs are all committed; one line names the others, whose committed files are kept."""
     import matplotlib
