@@ -144,7 +144,6 @@ def draw(uni):
         ax.fill_between([i * 1024 for i in its], [min(c[i]) for i in its], [max(c[i]) for i in its],
                         color=colors[arch], alpha=0.15)
     ax.axhline(uni, color="0.4", linewidth=1, linestyle=":", label=f"unigram {uni:.2f}")
-    ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("characters seen")
     ax.set_ylabel("validation CE (log scale)")
@@ -158,7 +157,6 @@ def draw(uni):
             bx.plot(t, [x[0] for x in d], color=f"C{k}", label=f"{a} minus {b}")
             bx.fill_between(t, [x[0] - 2 * x[1] for x in d], [x[0] + 2 * x[1] for x in d], color=f"C{k}", alpha=0.15)
     bx.axhline(0, color="0.4", linewidth=1)
-    bx.set_xscale("log")
     bx.set_xlabel("characters seen")
     bx.set_ylabel("difference in validation CE (band: ± 2 se)")
     bx.set_title("HRM minus each baseline, 3-seed means", fontsize=9)
