@@ -173,6 +173,11 @@ def check_train_settings(config, ddp):
     if config["fsdp"] and config["dtype"] == "float16":
         errors.append("fsdp=True trains in bfloat16 or float32 (float16 needs a sharded loss scaler); use "
                       "--dtype=bfloat16")
+    if config["random_depth"] and (config["arch"] == "transformer" or config["K_slow"] or
+                                   config["fast_attn_steps"] is not None):
+        errors.append(f"random_depth=True varies the recurrence of hrm/unitf, with K_slow=0 and fast_attn_steps=None "
+                      f"(both are counted in steps a shallower draw may not have); got arch={config['arch']!r}, "
+                      f"K_slow={config['K_slow']}, fast_attn_steps={config['fast_attn_steps']}")
     least = dict(batch_size=1, max_iters=0, eval_iters=1, eval_interval=1, log_interval=1, max_nonfinite=1,
                  min_lr=0, weight_decay=0, grad_clip=0, warmup_iters=0, lr_decay_iters=0, seed=0, vocab_size=0)
     errors += [f"{k} must be >= {v}, got {config[k]}" for k, v in least.items() if config[k] < v]

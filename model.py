@@ -14,10 +14,11 @@ docs/MODEL.md, which maps every equation to the code below and says how we resol
 
 Options beyond the paper (docs/MODEL.md section 8), each a ModelConfig field whose default is the paper:
 norm, fast_only, K_slow, grad_ckpt, fast_attn_steps. Chunked BPTT is S = M/C passes of C steps, K = C.
+set_depth runs the same weights at another depth (train.py's random_depth).
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Optional
 
 import torch
@@ -244,7 +245,7 @@ class OutputFusion(nn.Module):
 class LanguageModel(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.config = config
+        self.config = self.trained_config = config   # config: the depth the next forward runs (set_depth)
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         cos, sin_rot = rope_table(config.block_size, config.n_embd // config.n_head)
         self.register_buffer("rope_cos", cos, persistent=False)  # derived, not in the state_dict
@@ -274,6 +275,15 @@ class LanguageModel(nn.Module):
     def n_cache_apps(self):
         """How many attending block applications one forward makes (= KV caches needed)."""
         raise NotImplementedError
+
+    def set_depth(self, n=None):
+        """Run the next forwards n steps deep with the same weights (random_depth in train.py, docs/MODEL.md
+        section 8): UniTF M' = n steps, HRM N' = n Slow firings with T kept; None: the trained depth again.
+        No weight depends on the depth (init used the trained M), so only the loop's length changes."""
+        c = self.trained_config
+        if c.arch == "transformer":
+            raise ValueError("a Transformer's depth is its n_layer independent blocks; only hrm/unitf recur")
+        self.config = c if n is None else replace(c, **({"N": n, "M": None} if c.arch == "hrm" else {"M": n}))
 
     def _step(self, module, *args):
         """One recurrent step, module(*args). With grad_ckpt (docs/MODEL.md section 8) a step that carries gradient
@@ -344,9 +354,13 @@ class HRM(LanguageModel):
             self._init_shared_block(self.H_net.block, 0.02 / math.sqrt(config.M))
         nn.init.trunc_normal_(self.z_H0, mean=0.0, std=1.0, a=-2.0, b=2.0)
         nn.init.trunc_normal_(self.z_L0, mean=0.0, std=1.0, a=-2.0, b=2.0)
+        self.set_depth(None)
+
+    def set_depth(self, n=None):
+        super().set_depth(n)
         # fast_slot[i-1]: Fast step i's KV cache slot among the attending steps of a pass, None if it does not attend
-        attending = fast_attn_schedule(config.M, config.fast_attn_steps)
-        self.fast_slot = [attending.index(i) if i in attending else None for i in range(1, config.M + 1)]
+        attending = fast_attn_schedule(self.config.M, self.config.fast_attn_steps)
+        self.fast_slot = [attending.index(i) if i in attending else None for i in range(1, self.config.M + 1)]
         self.n_fast_apps = len(attending)
 
     def n_cache_apps(self):

@@ -18,6 +18,7 @@ resume (the sampler's whole state is the iteration number).
 
 import math
 import os
+import random
 import sys
 import time
 
@@ -83,6 +84,7 @@ beta1 = 0.9                  # AdamW first-moment decay
 beta2 = 0.95                 # AdamW second-moment decay
 grad_clip = 1.0              # clip norm; HRM/UniTF use grad_clip * K / M (0 = off)
 decay_lr = True              # linear warmup then cosine; False = constant
+random_depth = False         # hrm/unitf: train each iteration at N' (M') uniform on 1..2D-1, D the config's N (M)
 warmup_iters = 1000          # linear warmup (HRM: max(1000, N*T*100), docs/MODEL.md section 6)
 lr_decay_iters = 0           # cosine reaches min_lr here (0 = max_iters)
 # system
@@ -249,6 +251,13 @@ flops_per_iter = counted_train_flops(model_config, batch_size, block_size) * gra
 peak_flops = device_peak_tflops(device, DTYPES[dtype]) * 1e12 * world_size
 
 
+def train_depth(it):
+    """random_depth (Huginn's recipe for depth at inference; docs/MODEL.md section 8): iteration it's depth,
+    uniform on 1..2D-1, from (seed, it) alone, so every rank draws the same and a resume continues exactly."""
+    D = model_config.N if arch == "hrm" else model_config.M
+    return random.Random(seed * 1_000_003 + it).randint(1, 2 * D - 1)
+
+
 def get_lr(it):
     """Linear warmup, then cosine from learning_rate to min_lr at decay_iters."""
     if not decay_lr:
@@ -348,6 +357,8 @@ while True:
 
     # forward/backward over this rank's share of the global micro-batches (rank r: r, r+W, r+2W, ...)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    if random_depth:   # this iteration only; evaluation, checkpoints and clipping keep the trained depth
+        raw_model.set_depth(train_depth(iter_num))
     for m_i in range(micro_per_rank):
         X, Y = get_batch("train", 0, iter_num, ranks.rank + m_i * world_size)
         parallel.no_sync_unless(model, ranks, fsdp, last=m_i == micro_per_rank - 1)
@@ -355,6 +366,8 @@ while True:
             _, loss = model(X, Y)
         loss_sum += loss.detach().double()
         scaler.scale(loss / micro_per_rank).backward()  # DDP averages over ranks: the global mean
+    if random_depth:
+        raw_model.set_depth(None)
     if ranks.ddp:
         torch.distributed.all_reduce(loss_sum)
     scaler.unscale_(optimizer)

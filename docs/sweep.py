@@ -8,11 +8,12 @@ after a stop), then prints every table and draws every plot from the committed l
     python docs/sweep.py --tables        # tables and plots only, from docs/logs/sweep/ alone (a fresh clone)
 
 Phases (each run is a plain train.py command, printed before it starts):
-  1. character testbed, 13 variants x 4 learning rates, seed 1337: HRM, Transformer L=4, UniTF (each
+  1. character testbed, 15 variants x 4 learning rates, seed 1337: HRM, Transformer L=4, UniTF (each
      post- and pre-norm) at matched stored parameters, and seven controls that each differ from one of
      those in one thing: HRM's Fast module alone (no Slow module), the same widened to HRM's parameters,
      UniTF at HRM's width d=128, UniTF with full backprop (K = M), HRM and UniTF clipped at the
-     Transformer's 1.0, and a pre-norm Transformer L=1 (HRM's input block alone). Where a variant's best
+     Transformer's 1.0, and a pre-norm Transformer L=1 (HRM's input block alone); and post-norm HRM and
+     UniTF trained at a random depth per iteration (train.py's random_depth). Where a variant's best
      learning rate is at the edge of what it tried, the next half-decade step that way is run too, until
      every best is bracketed.
   2. each variant's best learning rate with 2 more seeds (3 in all); the K ablation (K = 1, 4 of M = 4)
@@ -55,6 +56,9 @@ CHAR = {
     "hrm_clip1-post": ("char_hrm", ["--grad_clip=2.0"]), "unitf_clip1-post": ("char_unitf", ["--grad_clip=2.0"]),
     # HRM's input block alone with the tied head: what HRM computes when its output fusion reads only x~
     "transformer_l1-pre": ("char_transformer", ["--n_layer=1", "--norm=pre"]),
+    # trained at a random depth per iteration (N' or M' uniform on 1..2D-1, mean D; Huginn's recipe), evaluated
+    # at the trained depth: does a model that no single depth is special to use more steps at inference?
+    "hrm_rdepth-post": ("char_hrm", ["--random_depth=True"]), "unitf_rdepth-post": ("char_unitf", ["--random_depth=True"]),
 }
 BPE = {
     "hrm-post": ("shakespeare_hrm", []), "hrm-pre": ("shakespeare_hrm", ["--norm=pre"]),
@@ -411,6 +415,8 @@ COMPARISONS = [
     ("hrm_clip1-post", "hrm-post", "HRM clipped at 1.0 (the Transformer's) vs at grad_clip * K / M = 0.5"),
     ("unitf_clip1-post", "unitf-post", "UniTF clipped at 1.0 vs at 0.5"),
     ("hrm-pre", "transformer_l1-pre", "pre-norm HRM vs its input block alone, a Transformer L=1 (what HRM is when the fusion reads only x~)"),
+    ("hrm_rdepth-post", "hrm-post", "HRM trained at random depth, N' uniform on 1..3, vs at N = 2 (both evaluated at N = 2)"),
+    ("unitf_rdepth-post", "unitf-post", "UniTF trained at random depth, M' uniform on 1..7, vs at M = 4 (both evaluated at M = 4)"),
     ("transformer-pre", "transformer-post", "Transformer: pre- vs post-norm"),
     ("unitf-pre", "unitf-post", "UniTF: pre- vs post-norm"),
     ("hrm-pre", "hrm-post", "HRM: pre- vs post-norm"),
@@ -507,7 +513,8 @@ def slow_table():
     print()
 
 
-DEPTH_VARIANTS = ["hrm-post", "hrm-pre", "unitf-post", "unitf-pre", "unitf_full-post", "unitf_d128-post"]
+DEPTH_VARIANTS = ["hrm-post", "hrm-pre", "hrm_rdepth-post", "unitf-post", "unitf-pre", "unitf_full-post",
+                  "unitf_d128-post", "unitf_rdepth-post"]
 
 
 def depth_rows(v):
@@ -602,7 +609,7 @@ def draw(uni):
 
 COLORS = {"hrm": "C0", "transformer": "C1", "unitf": "C2", "hrm_fast_only": "C4", "unitf_full": "C3",
           "hrm_fast_only_wide": "C5", "unitf_d128": "C6", "hrm_clip1": "C7", "unitf_clip1": "C8",
-          "transformer_l1": "C9"}
+          "transformer_l1": "C9", "hrm_rdepth": "navy", "unitf_rdepth": "darkgreen"}
 
 
 def style(v):

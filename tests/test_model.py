@@ -304,3 +304,39 @@ def test_fast_attn_steps_M_is_the_paper(batch):
     c, _ = make(tiny("hrm", N=2, T=2, fast_attn_steps=2), scale=3.0)(idx, tgt)
     assert (a - c).abs().max() > 1e-5  # skipping attention in steps 1, 3 changes the output
 
+
+
+# --- random_depth (docs/MODEL.md section 8): set_depth runs the same weights at another depth --------------
+
+@pytest.mark.parametrize("arch,kw,n,field", [("unitf", dict(M=4), 7, "M"), ("hrm", dict(N=2, T=2), 3, "N"),
+                                             ("hrm", dict(N=2, T=2), 1, "N")])
+def test_set_depth_is_the_model_built_at_that_depth(arch, kw, n, field):
+    """set_depth(n) computes what a model built with N or M = n and the same weights computes; None restores."""
+    m = make(tiny(arch, **kw), scale=3.0).eval()
+    other = build_model(tiny(arch, **{**kw, field: n})).eval()
+    other.load_state_dict(m.state_dict())
+    idx = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        trained = m(idx)[0]
+        m.set_depth(n)
+        deeper, want = m(idx)[0], other(idx)[0]
+        m.set_depth(None)
+        again = m(idx)[0]
+    assert torch.equal(deeper, want)
+    assert (deeper - trained).abs().max() > 1e-3      # the depth changed what it computes
+    assert torch.equal(again, trained) and m.config is m.trained_config
+
+
+def test_set_depth_keeps_the_cache_slots_consistent():
+    """An HRM at a drawn depth decodes with the cache as the model built at that depth does."""
+    m = make(tiny("hrm", N=2, T=2), scale=3.0).eval()
+    m.set_depth(3)
+    other = build_model(tiny("hrm", N=3, T=2)).eval()
+    other.load_state_dict(m.state_dict())
+    idx = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(m.generate(idx, 6, top_k=1), other.generate(idx, 6, top_k=1))
+
+
+def test_transformer_has_no_depth_to_set():
+    with pytest.raises(ValueError, match="only hrm/unitf recur"):
+        make(tiny("transformer", n_layer=2)).set_depth(3)

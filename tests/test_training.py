@@ -74,6 +74,7 @@ def test_configurator_cases(tmp_path):
     (["--beta2=1.5"], "beta2 must be in [0, 1)"),
     (["--seed=-1"], "seed must be >= 0"),
     (["--out_dir="], "out_dir is empty"),
+    (["--arch=transformer", "--random_depth=True"], "random_depth=True varies the recurrence of hrm/unitf"),
 ])
 def test_train_config_errors_stop_before_work(args, msg, data_dir, tmp_path):
     if args[0].startswith("--dataset"):
@@ -341,6 +342,24 @@ def test_non_finite_settings_are_one_line(setting, data_dir, tmp_path):
     line = one_error_line(run_train([str(cfg)], data_dir, str(out), check=False))
     assert "must be a finite number" in line and setting.split()[0] in line, line
     assert not out.exists()   # refused before anything was written
+
+
+def test_random_depth_trains_at_drawn_depths_evaluates_at_the_trained_one_and_resumes_exactly(data_dir, tmp_path):
+    """random_depth: a depth per iteration (seed 1337 draws M' = 5, 5, 7, 6), which changes the run; evaluation
+    at the trained M = 4 (an eval_only run of the last checkpoint reads the logged val loss); a resume
+    continues exactly, since each draw depends on (seed, iteration) alone."""
+    unitf = ["--arch=unitf", "--M=4", "--K=2", "--eval_interval=2", "--lr_decay_iters=4"]
+    a, b, off = (str(tmp_path / n) for n in ("a", "b", "off"))
+    run_train(unitf + ["--random_depth=True", "--max_iters=4"], data_dir, a)
+    run_train(unitf + ["--random_depth=True", "--max_iters=2"], data_dir, b)
+    run_train(unitf + ["--random_depth=True", "--max_iters=4", "--init_from=resume"], data_dir, b)
+    run_train(unitf + ["--max_iters=4"], data_dir, off)
+    losses = lambda out: {r["iter"]: (r["train_loss"], r["val_loss"]) for r in raw_log(out)}  # noqa: E731
+    assert losses(a) == losses(b) and sorted(losses(a)) == [0, 2, 4]
+    assert losses(a)[0] == losses(off)[0] and losses(a)[4][1] != losses(off)[4][1]
+    p = run_train(unitf + ["--eval_only=True", f"--init_from={os.path.join(a, 'ckpt_last.pt')}"], data_dir,
+                  str(tmp_path / "eval"))
+    assert f"val loss {losses(a)[4][1]:.4f}" in p.stdout, p.stdout
 
 
 @pytest.mark.parametrize("args,field", [(["--arch=hrm", "--M=7"], "M"), (["--arch=transformer", "--N=3"], "N"),
