@@ -41,7 +41,7 @@ sys.path.insert(0, ROOT)   # train.py's modules; imported where used, so --table
 OUT = "out-sweep"                          # every run's out_dir (checkpoints; not committed) is under here
 LOGS = os.path.join("docs", "logs")        # committed: out-<name>/<run>/log.jsonl -> docs/logs/<name>/<run>/
 LRS = [3e-4, 1e-3, 3e-3, 1e-2]            # phase 1 grid: 1.5 decades, half-decade steps
-GRID = [1e-5, 3e-5, 1e-4] + LRS + [3e-2, 1e-1]  # where a variant's best is at an edge, the grid grows that way
+GRID = [1e-5, 3e-5, 1e-4] + LRS + [3e-2, 1e-1, 3e-1]  # where a variant's best is at an edge, the grid grows that way
 SEEDS = [1337, 42, 2024]
 # variant: (config file, overrides). The first eight are v2's; the last four are controls that differ from
 # a v2 variant in one thing each (docs/RESULTS.md section 3). The UniTF on BPE is widened to d=144 to
