@@ -27,6 +27,9 @@ ITERS = 4000                       # 10x the sweep's 400 iterations of 8 x 128 c
 VARIANTS = ["hrm-post", "hrm-pre", "transformer-post", "transformer-pre", "unitf-post", "unitf_full-post"]
 GAPS = [("hrm-post", "transformer-post"), ("hrm-pre", "transformer-pre"), ("hrm-post", "unitf-post"),
         ("hrm-pre", "hrm-post"), ("unitf_full-post", "unitf-post")]
+MCHARS = 8 * 128 / 1e6             # millions of characters an iteration reads (batch 8 x 128)
+REACH = [("transformer-post", "hrm-post"), ("unitf-post", "hrm-post"), ("unitf_full-post", "hrm-post"),
+         ("transformer-pre", "hrm-pre")]   # (baseline, HRM): when does the baseline reach HRM's final CE?
 AT = [400, 1000, 2000, 3000, 4000]   # iterations the gap table reads the curves at
 SEEDS = sweep.SEEDS
 
@@ -82,9 +85,36 @@ def gap(a, b, it):
     return sweep.difference({a: sweep.mean_sd(ca), b: sweep.mean_sd(cb)}, a, b)
 
 
+def mean_curve(v):
+    """{iteration: 3-seed mean val CE}, at iterations every seed has evaluated."""
+    c = curve(v)
+    n = max((len(x) for x in c.values()), default=0)
+    return {it: sum(x) / n for it, x in sorted(c.items()) if len(x) == n}
+
+
+def reach_table():
+    """How much training each baseline needs to match HRM's final CE: the first evaluation (every 200
+    iterations) where its seed mean is at or below HRM's, in characters and in counted training FLOPs."""
+    print(f"### Long run: how soon each baseline matches HRM's CE after {ITERS} iterations (3-seed means; "
+          f"first evaluation, every {ITERS // 20} iterations, at or below it)\n")
+    print("| baseline | HRM | HRM's CE at 4000 it | baseline reaches it at iter | characters | "
+          "training FLOPs, baseline / HRM |")
+    print("|---|---|---|---|---|---|")
+    for b, h in REACH:
+        cb, ch = mean_curve(b), mean_curve(h)
+        if ITERS not in ch or not cb:
+            continue
+        it = next((i for i, ce in cb.items() if ce <= ch[ITERS]), None)
+        fb, fh = sweep.size_of("char", b)[1], sweep.size_of("char", h)[1]
+        cells = ["not reached", "-", "-"] if it is None else [
+            str(it), f"{it * MCHARS:.2f}M ({it / ITERS:.0%} of HRM's)", f"{it * fb / (ITERS * fh):.2f}x"]
+        print(f"| {b} | {h} | {ch[ITERS]:.3f} | " + " | ".join(cells) + " |")
+    print()
+
+
 def tables(plots=True):
     uni = sweep.unigrams()["char"]
-    print(f"### Long run: validation CE after {ITERS} iterations ({ITERS * 1024 / 1e6:.1f}M characters, 10x the "
+    print(f"### Long run: validation CE after {ITERS} iterations ({ITERS * MCHARS:.1f}M characters, 10x the "
           f"sweep), seed 1337, at the best 400-iteration lr and one grid step lower\n")
     print("| variant | params | MFLOPs/token | best lr at 400 it | CE | one step lower | CE | chosen |")
     print("|---|---|---|---|---|---|---|---|")
@@ -110,8 +140,12 @@ def tables(plots=True):
         print(f"| {v} | {sweep.lr_name(lr)} | " + " | ".join(sweep.cell(d) for d in dirs) +
               f" | {m:.3f} ± {sd:.3f} (n={n}) | {short[0]:.3f} ± {short[1]:.3f} (n={short[2]}) | {uni - m:.3f} |")
     print()
+    done = [d for d, _ in phase_a() + phase_b() if sweep.finished(d)]
+    hours = sum(sweep.run_log(d)[-1].get("time_s", 0) for d in done) / 3600
+    print(f"{len(done)} runs committed, {hours:.1f} hours of training in all (their logs' time_s, two runs at a "
+          f"time on 2 cores, one thread each)\n")
     print("### Long run: differences along the curves (row minus column, 3-seed means ± se; negative = row better)\n")
-    print("| row | column | " + " | ".join(f"iter {it} ({it * 1024 / 1e6:.2f}M chars)" for it in AT) + " |")
+    print("| row | column | " + " | ".join(f"iter {it} ({it * MCHARS:.2f}M chars)" for it in AT) + " |")
     print("|---|---|" + "---|" * len(AT))
     for a, b in GAPS:
         cells = []
@@ -120,6 +154,7 @@ def tables(plots=True):
             cells.append("-" if d is None else f"{d[0]:+.3f} ± {d[1]:.3f}" + (" (noise)" if abs(d[0]) < 2 * d[1] else ""))
         print(f"| {a} | {b} | " + " | ".join(cells) + " |")
     print()
+    reach_table()
     missing = [v for v in VARIANTS if not curve(v)]
     if plots and missing:   # never overwrite the committed plot with a partial one
         print(f"long_run.py: not drawing docs/long_run.png: no committed run at the chosen lr of "
@@ -139,25 +174,28 @@ def draw(uni):
         c = curve(v)
         its = sorted(c)
         st = dict(color=colors[arch], linestyle="-" if norm == "post" else "--")
-        ax.plot([i * 1024 for i in its], [sum(c[i]) / len(c[i]) for i in its],
+        ax.plot([i * MCHARS for i in its], [sum(c[i]) / len(c[i]) for i in its],
                 label=f"{v} (lr {sweep.lr_name(chosen(v))}, {len(c[its[-1]])} seeds)", **st)
-        ax.fill_between([i * 1024 for i in its], [min(c[i]) for i in its], [max(c[i]) for i in its],
+        ax.fill_between([i * MCHARS for i in its], [min(c[i]) for i in its], [max(c[i]) for i in its],
                         color=colors[arch], alpha=0.15)
     ax.axhline(uni, color="0.4", linewidth=1, linestyle=":", label=f"unigram {uni:.2f}")
     ax.set_yscale("log")
-    ax.set_xlabel("characters seen")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_yticks([1.5, 2, 2.5, 3, 4, 5])
+    ax.set_xlabel("characters seen (millions)")
     ax.set_ylabel("validation CE (log scale)")
     ax.set_title(f"Character testbed, {ITERS} iterations (band: seed min-max)", fontsize=9)
     for k, (a, b) in enumerate(GAPS[:3]):
-        its = sorted(set(curve(a)) & set(curve(b)))
-        pts = [(i * 1024, gap(a, b, i)) for i in its]
+        its = sorted(set(curve(a)) & set(curve(b)) - {0})   # iteration 0 is the untrained models' init CE
+        pts = [(i * MCHARS, gap(a, b, i)) for i in its]
         pts = [(t, d) for t, d in pts if d]
         if pts:
             t, d = zip(*pts)
             bx.plot(t, [x[0] for x in d], color=f"C{k}", label=f"{a} minus {b}")
             bx.fill_between(t, [x[0] - 2 * x[1] for x in d], [x[0] + 2 * x[1] for x in d], color=f"C{k}", alpha=0.15)
     bx.axhline(0, color="0.4", linewidth=1)
-    bx.set_xlabel("characters seen")
+    bx.set_xlabel("characters seen (millions)")
     bx.set_ylabel("difference in validation CE (band: ± 2 se)")
     bx.set_title("HRM minus each baseline, 3-seed means", fontsize=9)
     sweep.finish(fig, (ax, bx), "long_run.png")
