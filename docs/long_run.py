@@ -5,7 +5,8 @@ iterations of the same 8 x 128 batches (4.1M characters) for the six main varian
 the Transformer post- and pre-norm, UniTF post-norm and UniTF with full backprop.
 
     python docs/sweep.py                 # first: the 400-iteration learning rates this starts from
-    python docs/long_run.py              # the runs still missing (two at a time, one thread each), then the tables
+    python docs/long_run.py              # the runs still missing (two at a time, one thread each), the
+                                         # checkpoint readings still missing, then the tables
     python docs/long_run.py --dry-run    # list the train.py commands still to run; run nothing
     python docs/long_run.py --tables     # tables and plot only, from the committed logs (docs/logs/long/)
 
@@ -13,6 +14,9 @@ Phase A: each variant at its best 400-iteration learning rate and one grid step 
 prefers a lower one), seed 1337. Phase B: the better of the two with seeds 42 and 2024. Everything else is
 sweep.py's schedule scaled to 4000 iterations: 400 warmup iterations, cosine decay to lr/10, an evaluation
 every 200. A run cut off resumes from its last checkpoint; a finished run's log is copied to docs/logs/long/.
+Readings: post-norm HRM and UniTF's chosen runs are read like section 5's (depth at inference, the Slow
+module) and the readings committed beside their logs (analysis.json). Checkpoints are not committed, so where
+a reading is missing its run is trained again (deterministic on CPU; each rerun is checked against its log).
 """
 
 import argparse
@@ -26,10 +30,11 @@ OUT = "out-long"
 ITERS = 4000                       # 10x the sweep's 400 iterations of 8 x 128 characters
 VARIANTS = ["hrm-post", "hrm-pre", "transformer-post", "transformer-pre", "unitf-post", "unitf_full-post"]
 GAPS = [("hrm-post", "transformer-post"), ("hrm-pre", "transformer-pre"), ("hrm-post", "unitf-post"),
-        ("hrm-pre", "hrm-post"), ("unitf_full-post", "unitf-post")]
+        ("hrm-pre", "hrm-post"), ("unitf-post", "transformer-post"), ("unitf_full-post", "unitf-post")]
 MCHARS = 8 * 128 / 1e6             # millions of characters an iteration reads (batch 8 x 128)
 REACH = [("transformer-post", "hrm-post"), ("unitf-post", "hrm-post"), ("unitf_full-post", "hrm-post"),
          ("transformer-pre", "hrm-pre")]   # (baseline, HRM): when does the baseline reach HRM's final CE?
+READ = ["hrm-post", "unitf-post"]   # checkpoint readings (depth at inference, the Slow module) after 10x training
 AT = [400, 1000, 2000, 3000, 4000]   # iterations the gap table reads the curves at
 SEEDS = sweep.SEEDS
 
@@ -85,8 +90,77 @@ def gap(a, b, it):
     return sweep.difference({a: sweep.mean_sd(ca), b: sweep.mean_sd(cb)}, a, b)
 
 
+def chosen_runs(v):
+    """The out_dirs of the variant's finished runs at its chosen lr, one per seed."""
+    lr = chosen(v)
+    return [d for d in (job(v, lr, s)[0] for s in SEEDS) if sweep.finished(d)] if lr else []
+
+
+def reading_jobs():
+    """The READ variants' finished chosen runs whose checkpoint readings are not committed yet."""
+    jobs = []
+    for v in READ:
+        lr = chosen(v)
+        for s in SEEDS if lr else []:
+            d, cmd = job(v, lr, s)
+            if sweep.finished(d) and not os.path.exists(sweep.analysis_path(d)):
+                jobs.append((d, cmd))
+    return jobs
+
+
+def read_checkpoints(workers):
+    """Checkpoints are not committed, so a missing reading reruns its run (CPU float32 runs are deterministic;
+    a rerun already finished in out-long/ exits at once). Only a rerun that reproduces its committed log is
+    read, and its reading is committed beside the log."""
+    jobs = reading_jobs()
+    if not jobs:
+        return
+    for d in sweep.run_all(jobs, workers, rerun=True):
+        print(f"reading {d}", flush=True)
+        sweep.analysis(d)
+
+
+def readings_tables():
+    """Depth at inference and the Slow-module reading after 4000 iterations, beside the same at 400."""
+    print(f"### Long run: depth at inference after 400 and {ITERS} iterations (val CE, mean ± sd over the seeds "
+          "read; HRM: N' Slow firings with T kept, or T' Fast steps per firing with N kept; UniTF: M' steps)\n")
+    print("| variant | iterations | varied | " + " | ".join(f"{f:g}x" for f in sweep.DEPTHS) + " |")
+    print("|---|---|---|" + "---|" * len(sweep.DEPTHS))
+    for v in READ:
+        for its, runs in ((400, sweep.best_runs("char", v)), (ITERS, chosen_runs(v))):
+            n = sum(1 for d in runs if sweep.analysis(d))
+            for what, cells in sweep.depth_cells(sweep.depth_rows(runs)).items():
+                print(f"| {v} | {its} (n={n}) | {what}' | " + " | ".join(cells) + " |")
+    print()
+    print(f"### Long run: the Slow-module reading of post-norm HRM after 400 and {ITERS} iterations (mean ± sd "
+          "over the seeds read; 64 validation sequences of 128 characters)\n")
+    print(sweep.SLOW_LEGEND)
+    print("| iterations | CE | ΔCE, H frozen | z_H drift | w_H | w_L | w_I |\n|---|---|---|---|---|---|---|")
+    for its, runs in ((400, sweep.best_runs("char", "hrm-post")), (ITERS, chosen_runs("hrm-post"))):
+        cells, n = sweep.slow_cells(runs)
+        if cells:
+            print(f"| {its} (n={n}) | {cells} |")
+    print()
+    if any(sweep.analysis(d) for d in chosen_runs("hrm-post")):
+        print(f"### Long run: the Slow-module reading, seed by seed: post-norm HRM after {ITERS} iterations\n")
+        print("| seed | CE | ΔCE, H frozen | z_H drift | w_H / w_L / w_I |\n|---|---|---|---|---|")
+        sweep.slow_seed_rows(chosen_runs("hrm-post"))
+        print()
+
+
+def train_seconds(log):
+    """A run's training time from its log's time_s, which restarts from 0 when a run is resumed."""
+    total, last = 0.0, 0.0
+    for r in log:
+        t = r.get("time_s") or 0.0
+        if t < last:          # resumed: the clock restarted
+            total += last
+        last = t
+    return total + last
+
+
 def mean_curve(v):
-    """{iteration: 3-seed mean val CE}, at iterations every seed has evaluated."""
+    """{iteration: seed-mean val CE}, at iterations every finished seed has evaluated."""
     c = curve(v)
     n = max((len(x) for x in c.values()), default=0)
     return {it: sum(x) / n for it, x in sorted(c.items()) if len(x) == n}
@@ -95,9 +169,9 @@ def mean_curve(v):
 def reach_table():
     """How much training each baseline needs to match HRM's final CE: the first evaluation (every 200
     iterations) where its seed mean is at or below HRM's, in characters and in counted training FLOPs."""
-    print(f"### Long run: how soon each baseline matches HRM's CE after {ITERS} iterations (3-seed means; "
+    print(f"### Long run: how soon each baseline matches HRM's CE after {ITERS} iterations (seed means; "
           f"first evaluation, every {ITERS // 20} iterations, at or below it)\n")
-    print("| baseline | HRM | HRM's CE at 4000 it | baseline reaches it at iter | characters | "
+    print(f"| baseline | HRM | HRM's CE at {ITERS} it | baseline reaches it at iter | characters | "
           "training FLOPs, baseline / HRM |")
     print("|---|---|---|---|---|---|")
     for b, h in REACH:
@@ -128,7 +202,7 @@ def tables(plots=True):
     print()
     print(f"### Long run: each variant at its chosen lr, 3 seeds, after {ITERS} iterations\n")
     print("| variant | lr | " + " | ".join(f"seed {s}" for s in SEEDS) +
-          " | mean ± sd | the same at 400 iterations (sweep) | below unigram |")
+          " | mean ± sd | at 400 iterations, its best lr there (sweep) | below unigram |")
     print("|---|---|" + "---|" * (len(SEEDS) + 3))
     for v in VARIANTS:
         lr = chosen(v)
@@ -141,9 +215,8 @@ def tables(plots=True):
               f" | {m:.3f} ± {sd:.3f} (n={n}) | {short[0]:.3f} ± {short[1]:.3f} (n={short[2]}) | {uni - m:.3f} |")
     print()
     done = [d for d, _ in phase_a() + phase_b() if sweep.finished(d)]
-    hours = sum(sweep.run_log(d)[-1].get("time_s", 0) for d in done) / 3600
-    print(f"{len(done)} runs committed, {hours:.1f} hours of training in all (their logs' time_s, two runs at a "
-          f"time on 2 cores, one thread each)\n")
+    hours = sum(train_seconds(sweep.run_log(d)) for d in done) / 3600
+    print(f"{len(done)} runs committed, {hours:.1f} hours of training in all (one core each; their logs' time_s)\n")
     print("### Long run: differences along the curves (row minus column, 3-seed means ± se; negative = row better)\n")
     print("| row | column | " + " | ".join(f"iter {it} ({it * MCHARS:.2f}M chars)" for it in AT) + " |")
     print("|---|---|" + "---|" * len(AT))
@@ -155,6 +228,7 @@ def tables(plots=True):
         print(f"| {a} | {b} | " + " | ".join(cells) + " |")
     print()
     reach_table()
+    readings_tables()
     missing = [v for v in VARIANTS if not curve(v)]
     if plots and missing:   # never overwrite the committed plot with a partial one
         print(f"long_run.py: not drawing docs/long_run.png: no committed run at the chosen lr of "
@@ -210,14 +284,19 @@ def main():
     os.chdir(sweep.ROOT)
     if args.dry_run:
         sweep.dry_run(phase_a() + phase_b())
+        for d, cmd in reading_jobs():   # finished runs to rerun for their checkpoints (reading not committed)
+            print(f"# rerun for its checkpoint, then read it: OMP_NUM_THREADS=1 python {' '.join(cmd[1:])}")
         return
     if not args.tables:
+        if not os.path.exists(os.path.join("data", "shakespeare_char", "val.bin")):
+            sys.exit("long_run.py: error: data/shakespeare_char not found; run python prepare.py --dataset=shakespeare_char")
         missing = [v for v in VARIANTS if candidates(v) is None]
         if missing:
             sys.exit(f"long_run.py: error: no settled 400-iteration learning rate yet for {', '.join(missing)}; "
                      f"run python docs/sweep.py first")
         sweep.run_all(phase_a(), args.workers)
         sweep.run_all(phase_b(), args.workers)
+        read_checkpoints(args.workers)
     tables()
 
 

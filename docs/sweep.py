@@ -21,7 +21,7 @@ Phases (each run is a plain train.py command, printed before it starts):
   3. BPE testbed (config/shakespeare_*.py, 400 iterations): the six architecture x norm variants at their
      best character-level learning rate and one grid step each side, grown until bracketed, then 3 seeds.
 Tables only: the checkpoint readings (Slow-module ablation, z_H drift, fusion weights, depth at inference)
-are computed once from out-sweep/'s checkpoints and committed beside the logs (analysis.json).
+are computed once from out-sweep/'s last checkpoints and committed beside the logs (analysis.json).
 Runs go two at a time, one thread each (2 cores); a run's output is in its out_dir/train.out, and when it
 finishes its log.jsonl and run.json (command, final CE, parameters, counted FLOPs) go to docs/logs/sweep/.
 """
@@ -175,12 +175,17 @@ def command(testbed, variant, lr, seed, extra_args=(), extra="", iters=None, out
     return out_dir, cmd
 
 
-def run_all(jobs, workers):
+def run_all(jobs, workers, rerun=False):
     """Run (out_dir, cmd) jobs, `workers` at a time with one thread each; skip finished ones (their logs are
-    committed), resume cut ones from their last checkpoint; store() each one that finishes."""
-    todo = [(d, c) for d, c in jobs if not finished(d)]
-    print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already finished; {len(todo)} to go", flush=True)
-    running, t0, done = [], time.time(), 0
+    committed), resume cut ones from their last checkpoint; store() each one that finishes.
+    rerun=True: the jobs are finished runs, run again for their checkpoints (not committed); each is checked
+    against its committed log, and the out_dirs that reproduce it are returned."""
+    todo = [(d, c) for d, c in jobs if rerun or not finished(d)]
+    if rerun:
+        print(f"rerunning {len(todo)} finished runs for their checkpoints", flush=True)
+    else:
+        print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already finished; {len(todo)} to go", flush=True)
+    running, t0, done, reproduced = [], time.time(), 0, []
     while todo or running:
         while todo and len(running) < workers:
             out_dir, cmd = todo.pop(0)
@@ -202,13 +207,34 @@ def run_all(jobs, workers):
             out.close()
             done += 1
             if p.returncode in (0, 3):                 # 3: train.py's stop after max_nonfinite bad iterations
-                store(out_dir, cmd, p.returncode)
+                if not rerun:
+                    store(out_dir, cmd, p.returncode)
+                elif check_rerun(out_dir):
+                    reproduced.append(out_dir)
             else:
                 print(f"FAILED ({p.returncode}): {out_dir}; see {out_dir}/train.out", flush=True)
             el = time.time() - t0
             left = len(todo) + len(running)
-            print(f"[{done}/{done + left}] {out_dir}: val {final_val(out_dir):.4f} | {el / 60:.1f} min, "
+            print(f"[{done}/{done + left}] {out_dir}: val {final_val(out_dir):.4f} (committed) | {el / 60:.1f} min, "
                   f"about {el / done * left / 60:.0f} min left", flush=True)
+    return reproduced
+
+
+def check_rerun(out_dir):
+    """A rerun of a committed run must reproduce its log (CPU float32 runs are deterministic); say so, or say
+    where it first differs (its checkpoint, and what is read from it, would be the rerun's, not the log's).
+    True where it reproduces the log."""
+    from plot import load_log
+    def rows(log):   # every logged number but the wall-clock time
+        return {r["iter"]: {k: v for k, v in r.items() if k != "time_s"} for r in log}
+    new, old = rows(load_log(out_dir)), rows(run_log(out_dir))
+    diff = [it for it in sorted(old) if new.get(it) != old[it]]
+    if diff:
+        print(f"WARNING: {out_dir} does not reproduce its committed log: at iteration {diff[0]} it logged "
+              f"{new.get(diff[0])}, the committed log {old[diff[0]]}; not reading its checkpoint", flush=True)
+        return False
+    print(f"{out_dir} reproduces its committed log exactly ({len(old)} rows)", flush=True)
+    return True
 
 
 def dry_run(jobs):
@@ -448,19 +474,26 @@ def differences_table(summary):
               f"plain shared block) {ds[2][0]:+.3f} ± {ds[2][1]:.3f} (weight sharing)\n")
 
 
+def analysis_path(out_dir):
+    return os.path.join(ROOT, log_dir(out_dir), "analysis.json")
+
+
 def analysis(out_dir):
-    """The checkpoint readings of a finished run, computed once from out-sweep's ckpt.pt and committed
+    """The checkpoint readings of a finished run, computed once from the run's checkpoint and committed
     beside its log (docs/logs/.../analysis.json): for HRM the Slow-module ablation (CE with z_H frozen at
     z_H0), z_H's drift from z_H0 and the fusion weights (analyze.py's HLRole A-C); for HRM and UniTF, val CE
-    at 0.5x to 4x the trained depth (analyze.py --depth). None where neither exists."""
-    path = os.path.join(ROOT, log_dir(out_dir), "analysis.json")
+    at 0.5x to 4x the trained depth (analyze.py --depth). None where neither exists. They read the model
+    after the last iteration (ckpt_last.pt), whose CE the tables report, not the best one (ckpt.pt)."""
+    path = analysis_path(out_dir)
     if not os.path.exists(path):
-        if not os.path.exists(os.path.join(out_dir, "ckpt.pt")):
+        if not os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
             return None
         import torch
         from analyze import depth_table, load, slow_module_frozen, step_stats, val_batches, val_ce
         torch.set_num_threads(1)
-        model, ck = load(out_dir, "ckpt.pt", "cpu", ("hrm", "unitf"))
+        model, ck = load(out_dir, "ckpt_last.pt", "cpu", ("hrm", "unitf"))
+        if ck["iter_num"] != max_iters_of(facts(out_dir)["command"].split()):
+            return None     # a run cut off (or rerun and cut off) before its last iteration: nothing to read yet
         batches = val_batches(ck, os.path.join(ROOT, "data"), 16, 4, model.config.block_size)
         r = {"iter": ck["iter_num"], "ce": val_ce(model, batches, "cpu"),
              "depth": depth_table(model, batches, "cpu", DEPTHS)}
@@ -484,32 +517,52 @@ def best_runs(testbed, v):
     return [] if lr is None else [d for d in (run_dir(testbed, v, lr, s) for s in SEEDS) if finished(d)]
 
 
-def slow_table():
-    print("### The Slow-module reading: each HRM variant at its best lr, 3 seeds (mean ± sd; 64 validation "
-          "sequences of 128 characters)\n")
-    print("ΔCE: CE with z_H frozen at its prototype z_H0 (H_net's update replaced by the identity) minus CE; "
-          "drift: ‖z_H - z_H0‖ / ‖z_H0‖ after the last step; w_H, w_L, w_I: the output fusion's mean weights.\n")
-    print("| variant | CE | ΔCE, H frozen | z_H drift | w_H | w_L | w_I |\n|---|---|---|---|---|---|---|")
-    for v in ("hrm-post", "hrm-pre", "hrm_fast_only-post"):
-        rs = [r for r in (analysis(d) for d in best_runs("char", v)) if r]
-        if not rs:
-            continue
-        def ms(key, sign=""):
-            m, sd, n = mean_sd([key(r) for r in rs])
-            return f"{m:{sign}.3f} ± {sd:.3f}"
-        print(f"| {v} (n={len(rs)}) | {ms(lambda r: r['ce'])} | {ms(lambda r: r['ce_h_frozen'] - r['ce'], '+')} | "
-              f"{ms(lambda r: r['z_H_drift'])} | {ms(lambda r: r['fusion']['w_H'])} | "
-              f"{ms(lambda r: r['fusion']['w_L'])} | {ms(lambda r: r['fusion']['w_I'])} |")
-    print()
-    print("### The Slow-module reading, seed by seed: post-norm HRM at its best lr\n")
-    print("| seed | CE | ΔCE, H frozen | z_H drift | w_H / w_L / w_I |\n|---|---|---|---|---|")
-    for d in best_runs("char", "hrm-post"):
+def slow_cells(runs):
+    """('CE | ΔCE, H frozen | z_H drift | w_H | w_L | w_I' (mean ± sd) over the HRM runs' checkpoint readings,
+    how many were read); (None, 0) where none has been."""
+    rs = [r for r in (analysis(d) for d in runs) if r]
+    if not rs:
+        return None, 0
+
+    def ms(key, sign=""):
+        m, sd, n = mean_sd([key(r) for r in rs])
+        return f"{m:{sign}.3f} ± {sd:.3f}"
+    return (f"{ms(lambda r: r['ce'])} | {ms(lambda r: r['ce_h_frozen'] - r['ce'], '+')} | "
+            f"{ms(lambda r: r['z_H_drift'])} | {ms(lambda r: r['fusion']['w_H'])} | "
+            f"{ms(lambda r: r['fusion']['w_L'])} | {ms(lambda r: r['fusion']['w_I'])}"), len(rs)
+
+
+SLOW_LEGEND = ("ΔCE: CE with z_H frozen at its prototype z_H0 (H_net's update replaced by the identity) minus CE; "
+               "drift: ‖z_H - z_H0‖ / ‖z_H0‖ after the last step; w_H, w_L, w_I: the output fusion's mean weights.\n")
+
+
+def seed_of(out_dir):
+    return facts(out_dir)["command"].split("--seed=")[1].split()[0]
+
+
+def slow_seed_rows(runs):
+    """'| seed | CE | ΔCE, H frozen | z_H drift | w_H / w_L / w_I |' rows, one per read run."""
+    for d in runs:
         r = analysis(d)
         if r:
             w = r["fusion"]
-            print(f"| {facts(d)['command'].split('--seed=')[1].split()[0]} | {r['ce']:.3f} | "
-                  f"{r['ce_h_frozen'] - r['ce']:+.3f} | {r['z_H_drift']:.3f} | "
+            print(f"| {seed_of(d)} | {r['ce']:.3f} | {r['ce_h_frozen'] - r['ce']:+.3f} | {r['z_H_drift']:.3f} | "
                   f"{w['w_H']:.3f} / {w['w_L']:.3f} / {w['w_I']:.3f} |")
+
+
+def slow_table():
+    print("### The Slow-module reading: each HRM variant at its best lr, 3 seeds (mean ± sd; 64 validation "
+          "sequences of 128 characters)\n")
+    print(SLOW_LEGEND)
+    print("| variant | CE | ΔCE, H frozen | z_H drift | w_H | w_L | w_I |\n|---|---|---|---|---|---|---|")
+    for v in ("hrm-post", "hrm-pre", "hrm_fast_only-post"):
+        cells, n = slow_cells(best_runs("char", v))
+        if cells:
+            print(f"| {v} (n={n}) | {cells} |")
+    print()
+    print("### The Slow-module reading, seed by seed: post-norm HRM at its best lr\n")
+    print("| seed | CE | ΔCE, H frozen | z_H drift | w_H / w_L / w_I |\n|---|---|---|---|---|")
+    slow_seed_rows(best_runs("char", "hrm-post"))
     print()
 
 
@@ -517,14 +570,27 @@ DEPTH_VARIANTS = ["hrm-post", "hrm-pre", "hrm_rdepth-post", "unitf-post", "unitf
                   "unitf_d128-post", "unitf_rdepth-post"]
 
 
-def depth_rows(v):
-    """{(varied, depth): [CE of each seed]} for a variant's best-lr runs."""
+def depth_rows(runs):
+    """{(varied, depth): [CE of each run]} from the runs' checkpoint readings."""
     out = {}
-    for r in (analysis(d) for d in best_runs("char", v)):
+    for r in (analysis(d) for d in runs):
         for row in (r or {}).get("depth", []):
             out.setdefault((row["varied"], row["depth"]), []).append(row["ce"])
             if row["varied"] == "N" and row["depth"] == 1:    # the trained depth is on the T' line too
                 out.setdefault(("T", 1.0), []).append(row["ce"])
+    return out
+
+
+def depth_cells(rows):
+    """{varied: 'mean ± sd' cells at each of DEPTHS} for the lines (N', T', M') the readings have."""
+    out = {}
+    for what in ("N", "T", "M"):
+        cells = []
+        for f in DEPTHS:
+            vals = rows.get((what, float(f)))
+            cells.append("{:.3f} ± {:.3f}".format(*mean_sd(vals)[:2]) if vals else "-")
+        if any(c != "-" for c in cells):
+            out[what] = cells
     return out
 
 
@@ -533,18 +599,8 @@ def depth_table_md():
           "(mean ± sd; HRM: N' Slow firings with T kept, or T' Fast steps per firing with N kept; UniTF: M' steps)\n")
     print("| variant | varied | " + " | ".join(f"{f:g}x" for f in DEPTHS) + " |\n|---|---|" + "---|" * len(DEPTHS))
     for v in DEPTH_VARIANTS:
-        rows = depth_rows(v)
-        for what in ("N", "T", "M"):
-            cells = []
-            for f in DEPTHS:
-                vals = rows.get((what, float(f)))
-                if vals:
-                    m, sd, n = mean_sd(vals)
-                    cells.append(f"{m:.3f} ± {sd:.3f}")
-                else:
-                    cells.append("-")
-            if any(c != "-" for c in cells):
-                print(f"| {v} | {what}' | " + " | ".join(cells) + " |")
+        for what, cells in depth_cells(depth_rows(best_runs("char", v))).items():
+            print(f"| {v} | {what}' | " + " | ".join(cells) + " |")
     print()
 
 
@@ -665,7 +721,7 @@ def draw_depth(name, testbed, uni):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=130, sharey=True)
     for ax, varied in zip(axes, ("N", "T")):
         for v in DEPTH_VARIANTS:
-            rows = depth_rows(v)
+            rows = depth_rows(best_runs("char", v))
             what = varied if v.startswith("hrm") else "M"
             pts = [(f, mean_sd(rows[(what, f)])[0]) for f in map(float, DEPTHS) if (what, f) in rows]
             pts = [(f, y) for f, y in pts if math.isfinite(y)]

@@ -116,6 +116,7 @@ def test_committed_runs_are_not_run_again(checkout):
         done = [line for line in p.stdout.splitlines() if line.startswith("# finished")]
         committed = [r for r, _, files in os.walk(os.path.join(checkout, "docs", "logs", folder)) if "run.json" in files]
         assert len(done) == len(committed), (script, len(done), len(committed))
+        assert "# rerun" not in p.stdout, f"{script}: checkpoint readings not committed:\n{p.stdout}"
 
 
 # --- the bookkeeping, on made-up logs ------------------------------------------------------------------
@@ -156,3 +157,34 @@ def test_difference_standard_error():
     d, se = sweep.difference({"a": (2.0, 0.3, 3), "b": (2.5, 0.4, 3)}, "a", "b")
     assert d == pytest.approx(-0.5) and se == pytest.approx(math.sqrt(0.09 / 3 + 0.16 / 3))
     assert sweep.difference({"a": (2.0, 0.0, 1), "b": (2.5, 0.4, 3)}, "a", "b") is None   # one seed: no se
+
+
+def test_a_rerun_is_checked_against_its_committed_log(monkeypatch, tmp_path, capsys):
+    """long_run.py reruns finished runs for their checkpoints; each rerun must reproduce its committed log
+    (every logged number but the time), or the readings taken from it are flagged as the rerun's."""
+    monkeypatch.setattr(sweep, "log_dir", lambda d: str(tmp_path / "committed"))   # where its log is committed
+    out_dir = tmp_path / "rerun"                                                    # where it reran
+    rows = [{"iter": 0, "train_loss": 4.38, "val_loss": 4.384, "time_s": 4.7},
+            {"iter": 200, "train_loss": 2.47, "val_loss": 2.496, "time_s": 51.0}]
+    for folder in (tmp_path / "committed", out_dir):
+        folder.mkdir()
+        (folder / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    later = [dict(r, time_s=r["time_s"] * 2) for r in rows]          # slower, otherwise identical
+    (out_dir / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in later))
+    sweep.check_rerun(str(out_dir))
+    assert "reproduces its committed log exactly (2 rows)" in capsys.readouterr().out
+    later[1]["val_loss"] = 2.497                                        # one digit off at iteration 200
+    (out_dir / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in later))
+    sweep.check_rerun(str(out_dir))
+    out = capsys.readouterr().out
+    assert "WARNING" in out and "at iteration 200" in out, out
+
+
+def test_training_time_adds_up_across_a_resume():
+    """train.py's time_s restarts at 0 on a resume; the long run's total counts both stretches."""
+    sys.path.insert(0, os.path.join(ROOT, "docs"))
+    import long_run
+    log = [{"iter": 0, "time_s": 5.0}, {"iter": 200, "time_s": 50.0},      # cut off after 50 s
+           {"iter": 400, "time_s": 45.0}, {"iter": 600, "time_s": 90.0}]   # resumed: 90 s more
+    assert long_run.train_seconds(log) == 140.0
+    assert long_run.train_seconds(log[:2]) == 50.0
