@@ -69,16 +69,19 @@ def phase_b():
     return [job(v, chosen(v), s) for s in SEEDS[1:] for v in VARIANTS if chosen(v) is not None]
 
 
+def chosen_runs(v):
+    """The out_dirs of the variant's finished runs at its chosen lr, one per seed."""
+    lr = chosen(v)
+    return [d for d in (job(v, lr, s)[0] for s in SEEDS) if sweep.finished(d)] if lr else []
+
+
 def curve(v):
     """{iteration: [val CE of each finished seed]} at the chosen lr."""
     out = {}
-    lr = chosen(v)
-    for s in SEEDS if lr else []:
-        d = job(v, lr, s)[0]
-        if sweep.finished(d):
-            for r in sweep.run_log(d):
-                if r.get("val_loss") is not None:
-                    out.setdefault(r["iter"], []).append(r["val_loss"])
+    for d in chosen_runs(v):
+        for r in sweep.run_log(d):
+            if r.get("val_loss") is not None:
+                out.setdefault(r["iter"], []).append(r["val_loss"])
     return out
 
 
@@ -88,12 +91,6 @@ def gap(a, b, it):
     if not ca or not cb or len(ca) < 2 or len(cb) < 2:
         return None
     return sweep.difference({a: sweep.mean_sd(ca), b: sweep.mean_sd(cb)}, a, b)
-
-
-def chosen_runs(v):
-    """The out_dirs of the variant's finished runs at its chosen lr, one per seed."""
-    lr = chosen(v)
-    return [d for d in (job(v, lr, s)[0] for s in SEEDS) if sweep.finished(d)] if lr else []
 
 
 def reading_jobs():
@@ -288,8 +285,7 @@ def main():
             print(f"# rerun for its checkpoint, then read it: OMP_NUM_THREADS=1 python {' '.join(cmd[1:])}")
         return
     if not args.tables:
-        if not os.path.exists(os.path.join("data", "shakespeare_char", "val.bin")):
-            sys.exit("long_run.py: error: data/shakespeare_char not found; run python prepare.py --dataset=shakespeare_char")
+        sweep.require_data("long_run.py", [("shakespeare_char", "--dataset=shakespeare_char")])
         missing = [v for v in VARIANTS if candidates(v) is None]
         if missing:
             sys.exit(f"long_run.py: error: no settled 400-iteration learning rate yet for {', '.join(missing)}; "

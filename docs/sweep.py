@@ -237,6 +237,13 @@ def check_rerun(out_dir):
     return True
 
 
+def require_data(script, datasets):
+    """Stop with one line before any run where a dataset (name, prepare.py's argument for it) is missing."""
+    for ds, hint in datasets:
+        if not os.path.exists(os.path.join(ROOT, "data", ds, "val.bin")):
+            sys.exit(f"{script}: error: data/{ds} not found; run python prepare.py {hint}".rstrip())
+
+
 def dry_run(jobs):
     """--dry-run: each job's command, marked where its log is committed (the runner will skip it)."""
     for d, cmd in jobs:
@@ -751,9 +758,7 @@ def main():
         sys.exit(f"sweep.py: error: --testbeds={','.join(args.testbeds)}: choose from char, bpe")
     os.chdir(ROOT)
     if not args.tables:
-        for ds, hint in (("shakespeare_char", "--dataset=shakespeare_char"), ("shakespeare", "")):
-            if not os.path.exists(os.path.join("data", ds, "val.bin")):
-                sys.exit(f"sweep.py: error: data/{ds} not found; run python prepare.py {hint}")
+        require_data("sweep.py", [("shakespeare_char", "--dataset=shakespeare_char"), ("shakespeare", "")])
         run_everything(args.workers, args.testbeds)
     tables()
 

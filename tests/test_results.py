@@ -182,9 +182,18 @@ def test_a_rerun_is_checked_against_its_committed_log(monkeypatch, tmp_path, cap
 
 def test_training_time_adds_up_across_a_resume():
     """train.py's time_s restarts at 0 on a resume; the long run's total counts both stretches."""
-    sys.path.insert(0, os.path.join(ROOT, "docs"))
-    import long_run
+    import long_run   # docs/ is on the path (above)
     log = [{"iter": 0, "time_s": 5.0}, {"iter": 200, "time_s": 50.0},      # cut off after 50 s
            {"iter": 400, "time_s": 45.0}, {"iter": 600, "time_s": 90.0}]   # resumed: 90 s more
     assert long_run.train_seconds(log) == 140.0
     assert long_run.train_seconds(log[:2]) == 50.0
+
+
+def test_runners_stop_before_any_run_without_data(checkout):
+    """A fresh clone has no data/: the runners say which dataset to prepare, in one line, and run nothing."""
+    for script in ("sweep.py", "long_run.py"):
+        p = subprocess.run([sys.executable, f"docs/{script}"], cwd=checkout, capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 1 and p.stderr.strip() == (f"{script}: error: data/shakespeare_char not found; "
+                                                          "run python prepare.py --dataset=shakespeare_char"), p.stderr
+        assert not os.path.exists(os.path.join(checkout, "out-long")) and not os.path.exists(os.path.join(checkout, "out-sweep"))
