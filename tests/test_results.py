@@ -197,3 +197,20 @@ def test_runners_stop_before_any_run_without_data(checkout):
         assert p.returncode == 1 and p.stderr.strip() == (f"{script}: error: data/shakespeare_char not found; "
                                                           "run python prepare.py --dataset=shakespeare_char"), p.stderr
         assert not os.path.exists(os.path.join(checkout, "out-long")) and not os.path.exists(os.path.join(checkout, "out-sweep"))
+
+
+def test_a_cut_off_checkpoint_is_not_read(monkeypatch, tmp_path):
+    """A rerun cut off mid-way leaves a ckpt_last.pt from before the last iteration: analysis() must not read
+    it (nor cache a reading of it) as the finished run's."""
+    import analyze
+    monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
+    out_dir = tmp_path / "out-long" / "run"
+    out_dir.mkdir(parents=True)
+    (out_dir / "ckpt_last.pt").write_bytes(b"")
+    monkeypatch.setattr(sweep, "log_dir", lambda d: str(tmp_path / "committed"))
+    (tmp_path / "committed").mkdir()
+    (tmp_path / "committed" / "run.json").write_text(json.dumps(
+        {"command": "python train.py config/char_hrm.py --max_iters=4000", "diverged": False, "final_val": 1.7}))
+    monkeypatch.setattr(analyze, "load", lambda *a, **k: (None, {"iter_num": 2200}))   # cut off at 2200 of 4000
+    assert sweep.analysis(str(out_dir)) is None
+    assert not os.path.exists(sweep.analysis_path(str(out_dir)))
