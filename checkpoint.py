@@ -2,6 +2,8 @@
 The run folder (out_dir) train.py writes and sample.py, analyze.py and plot.py read:
 
     out_dir/ckpt_last.pt   everything a resume needs (weights, AdamW state, settings, iteration), every eval
+    out_dir/ckpt_last.dcp/ the same, for an FSDP run: a torch.distributed.checkpoint folder that every rank writes
+                           its own shards into (no rank gathers the model); any world size, or one process, reads it
     out_dir/ckpt.pt        the best model so far (weights and settings only, for sampling)
     out_dir/log.jsonl      one JSON line per evaluation
     out_dir/.lock          held (flock) by the train.py run using the folder
@@ -10,6 +12,7 @@ Each function takes what it needs as arguments, so every script (and a test) can
   take_out_dir     lock the folder and refuse to mix two runs in it
   finished_run     whether the folder holds a finished run of these very settings (nothing to do)
   save_checkpoint  atomic: a temporary file beside the target, fsync, os.replace; a full disk is one line
+  save_sharded, load_sharded  ckpt_last.dcp: written by every rank at once, read at any world size
   load_checkpoint  weights_only=True (no pickled code runs), one-line errors; model_from_checkpoint
   find_checkpoint  init_from=<file or out_dir>: the checkpoint a new run starts from
   check_resume     what differs between a checkpoint and the settings of the run resuming it
@@ -20,6 +23,7 @@ import fcntl
 import json
 import os
 import pickle
+import shutil
 import sys
 import time
 
@@ -27,8 +31,9 @@ import torch
 
 from model import MODEL_FIELDS, ModelConfig, build_model
 
-CKPT_BEST, CKPT_LAST, LOG, LOCK = "ckpt.pt", "ckpt_last.pt", "log.jsonl", ".lock"
-RUN_FILES = (LOG, CKPT_BEST, CKPT_LAST)   # what makes a folder hold a run
+CKPT_BEST, CKPT_LAST, CKPT_LAST_DCP, LOG, LOCK = "ckpt.pt", "ckpt_last.pt", "ckpt_last.dcp", "log.jsonl", ".lock"
+RUN_FILES = (LOG, CKPT_BEST, CKPT_LAST, CKPT_LAST_DCP)   # what makes a folder hold a run
+DCP_META = "meta.pt"   # in ckpt_last.dcp: everything but the tensors (settings, iteration, AdamW's hyperparameters)
 # Settings a resume must keep: they decide which tokens each iteration sees and how val is measured, so
 # changing them breaks exact resume. The others (max_iters, the learning-rate schedule, ...) may change.
 DATA_KEYS = ("dataset", "batch_size", "block_size", "seed", "gradient_accumulation_steps", "eval_iters")
@@ -65,26 +70,46 @@ def take_out_dir(out_dir, init_from, overwrite, eval_only):
     except OSError as e:   # a full disk: the lock is held, its note cannot be written; nothing else was touched
         return None, f"cannot use out_dir {out_dir!r}: {e.strerror or e}; {intact(out_dir)}"
     for name in os.listdir(out_dir):  # temporaries of a save that crashed or was killed: we hold the lock
-        if name.startswith(tuple(f"{n}.tmp." for n in RUN_FILES)):
-            os.remove(os.path.join(out_dir, name))
+        if name.startswith(tuple(f"{n}.tmp" for n in RUN_FILES)):
+            remove(os.path.join(out_dir, name))
     held = [n for n in RUN_FILES if os.path.exists(os.path.join(out_dir, n))]
     if init_from == "scratch" and held and not eval_only:
         if not overwrite:
             return None, (f"out_dir {out_dir!r} already holds a run ({', '.join(held)}); resume it with "
                           f"--init_from=resume, replace it with --overwrite=True, or choose another --out_dir")
         for n in held:
-            os.remove(os.path.join(out_dir, n))
-    if init_from == "resume" and not os.path.exists(os.path.join(out_dir, CKPT_LAST)):
+            remove(os.path.join(out_dir, n))
+    if init_from == "resume" and not os.path.exists(resume_path(out_dir)):
         return None, f"init_from='resume' but {os.path.join(out_dir, CKPT_LAST)} does not exist"
     return lock, None
+
+
+def remove(path):
+    """A run file, or an FSDP run's checkpoint folder."""
+    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def resume_path(out_dir):
+    """The checkpoint --init_from=resume reads: ckpt_last.dcp (an FSDP run's) where it exists, else ckpt_last.pt.
+    A save of either removes the other, so a folder holds one."""
+    dcp = os.path.join(out_dir, CKPT_LAST_DCP)
+    return dcp if os.path.isdir(dcp) else os.path.join(out_dir, CKPT_LAST)
+
+
+def read_info(path):
+    """A checkpoint's settings and iteration without its tensors: a file memory-mapped (nothing is read until
+    used), or an FSDP folder's meta.pt."""
+    if os.path.isdir(path):
+        path = os.path.join(path, DCP_META)
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
 def intact(out_dir):
     """What a run can still be resumed or sampled from, for an error line: 'intact: ckpt.pt (iter 200), ...'."""
     held = []
-    for path in (os.path.join(out_dir, CKPT_BEST), os.path.join(out_dir, CKPT_LAST)):
+    for path in (os.path.join(out_dir, CKPT_BEST), resume_path(out_dir)):
         try:
-            it = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["iter_num"]
+            it = read_info(path)["iter_num"]
         except Exception:   # absent or unreadable: not something to resume or sample from
             continue
         held.append(f"{path} (iter {it})")
@@ -105,18 +130,20 @@ def find_checkpoint(path):
     else its ckpt_last.pt. ValueError (one line) where there is none."""
     if os.path.isfile(path):
         return path
-    for name in (CKPT_BEST, CKPT_LAST):
-        if os.path.isfile(os.path.join(path, name)):
+    if os.path.isfile(os.path.join(path, DCP_META)):   # an FSDP run's ckpt_last.dcp itself
+        return path
+    for name in (CKPT_BEST, CKPT_LAST, CKPT_LAST_DCP):
+        if os.path.exists(os.path.join(path, name)):
             return os.path.join(path, name)
     raise ValueError(f"init_from={path!r} is neither 'scratch', 'resume', a checkpoint file nor a folder holding "
-                     f"{CKPT_BEST} or {CKPT_LAST}")
+                     f"{CKPT_BEST}, {CKPT_LAST} or {CKPT_LAST_DCP}")
 
 
 def finished_run(out_dir, config):
     """'iter N, best val loss X' if out_dir holds a run of these very settings that reached max_iters (running
     its command again has nothing to do), else None."""
     try:
-        ckpt = torch.load(os.path.join(out_dir, CKPT_LAST), map_location="cpu", weights_only=True, mmap=True)
+        ckpt = read_info(resume_path(out_dir))
         old, it = ckpt["config"], ckpt["iter_num"]
     except Exception:   # no such run, or not one to compare
         return None
@@ -135,6 +162,9 @@ def save_checkpoint(path, ckpt):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        other = os.path.join(os.path.dirname(path), CKPT_LAST_DCP)
+        if os.path.basename(path) == CKPT_LAST and os.path.exists(other):   # an FSDP run resumed without FSDP
+            shutil.rmtree(other)
     except (OSError, RuntimeError) as e:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -144,17 +174,20 @@ def save_checkpoint(path, ckpt):
 def load_checkpoint(path):
     """A train.py checkpoint as a dict, loaded with weights_only=True (a pickle holding code never runs).
     Every failure is a ValueError with one line that names the file and the problem."""
-    if not os.path.isfile(path):
+    sharded = os.path.isfile(os.path.join(path, DCP_META))
+    if not os.path.isfile(path) and not sharded:
         raise ValueError(f"no checkpoint at {path}" + (" (it is a folder)" if os.path.isdir(path) else ""))
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    try:   # mmap: the tensors stay in the file until used (a resume holds one copy of the weights, not two)
+        ckpt = read_info(path)
     except pickle.UnpicklingError:  # torch's own message advises weights_only=False: never do that here
         raise ValueError(f"{path} holds Python objects other than tensors and was not loaded "
                          f"(not a train.py checkpoint, or unsafe)") from None
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise ValueError(f"cannot load {path}: {type(e).__name__}: {first} (truncated or not a checkpoint)") from None
-    if not isinstance(ckpt, dict) or not {"model", "model_args"} <= ckpt.keys():
+    if sharded and isinstance(ckpt, dict):
+        ckpt["sharded"] = path   # the tensors stay in the folder: load_sharded reads them into a model
+    if not isinstance(ckpt, dict) or not {"model", "model_args"} <= ckpt.keys() and "sharded" not in ckpt:
         raise ValueError(f"{path} is not a train.py checkpoint (no 'model' and 'model_args' entries)")
     return ckpt
 
@@ -184,16 +217,99 @@ def nonfinite_tensors(state_dict):
 def model_from_checkpoint(ckpt, path="the checkpoint"):
     """The model a train.py checkpoint holds (ckpt: the dict load_checkpoint returns). Refuses non-finite
     weights: such a model only ever samples one token and trains with every step skipped."""
-    bad = nonfinite_tensors(ckpt["model"])
+    bad = nonfinite_tensors(ckpt.get("model", {}))
     if bad:
         raise ValueError(f"{path} has non-finite weights in {len(bad)} tensor(s) ({', '.join(bad[:3])}"
                          f"{', ...' if len(bad) > 3 else ''}); use an earlier checkpoint")
     try:
         model = build_model(ModelConfig(**ckpt["model_args"]))
-        model.load_state_dict(ckpt["model"])
+        if "sharded" in ckpt:   # an FSDP run's ckpt_last.dcp, read whole by this one process
+            load_sharded(ckpt["sharded"], model)
+        else:
+            model.load_state_dict(ckpt["model"])
     except (TypeError, ValueError, RuntimeError) as e:
         raise ValueError(f"{path} does not build a model: {one_line(e)}") from None
     return model
+
+
+# --- ckpt_last.dcp: an FSDP run's resume state, sharded --------------------------------------------------
+
+def canonical(name):
+    """One process's name for an FSDP parameter or state-dict key ('L_net.parametrizations.alpha.original' is
+    'L_net.alpha'; parallel.fully_shard_model): checkpoints use these names, so every world size reads them."""
+    return name.replace("parametrizations.", "").replace(".original", "")
+
+
+def _as_saved(model_sd, optim_sd):
+    """The tensors of a state dict as ckpt_last.dcp keeps them: one process's names, and alpha, tau and their
+    AdamW moments as 1-element vectors (FSDP's shape; 'step' stays 0-d)."""
+    vec = lambda t: t.reshape(1) if t.dim() == 0 else t  # noqa: E731
+    out = {"model": {canonical(k): vec(v) for k, v in model_sd.items()}}
+    if optim_sd is not None:
+        out["optimizer"] = {canonical(k): {m: t if m == "step" else vec(t) for m, t in st.items()}
+                            for k, st in optim_sd["state"].items()}
+    return out
+
+
+def save_sharded(path, model, optimizer, info, master):
+    """ckpt_last.dcp: every rank writes its own shards of the weights and AdamW state at once
+    (torch.distributed.checkpoint), so no rank gathers the model and each writes 1/W of it; rank 0 adds
+    meta.pt (info: settings, iteration, AdamW's hyperparameters). Written into path.tmp, then swapped in;
+    a single-file ckpt_last.pt beside it is removed (a folder holds one resume state). Every rank calls it."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    tmp, old = path + ".tmp", path + ".tmp.old"
+    try:
+        if master and os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        dist.barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save(_as_saved(model_sd, optim_sd), checkpoint_id=tmp)   # a collective: every rank's files, then .metadata
+        if master:
+            groups = [{k: v for k, v in g.items() if k != "params"} for g in optim_sd["param_groups"]]
+            with open(os.path.join(tmp, DCP_META), "wb") as f:
+                torch.save(dict(info, param_groups=groups), f)
+                f.flush()
+                os.fsync(f.fileno())
+            if os.path.exists(path):   # the old one leaves only once the new one is whole
+                os.replace(path, old)
+            os.replace(tmp, path)
+            for stale in (old, os.path.join(os.path.dirname(path), CKPT_LAST)):
+                if os.path.exists(stale):
+                    remove(stale)
+        dist.barrier()
+    except (OSError, RuntimeError) as e:
+        stop_on_write_error(f"save {path}", info.get("iter_num"), e, os.path.dirname(path))
+
+
+def load_sharded(path, model, optimizer=None, param_groups=None):
+    """ckpt_last.dcp into this model (FSDP-sharded, DDP or one process, at any world size: each rank reads the
+    pieces it holds) and, given, the optimizer, with the saved AdamW hyperparameters (param_groups). ValueError
+    (one line) where it does not fit, or holds a non-finite weight."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                         set_state_dict)
+    try:
+        if optimizer is None:
+            model_sd, optim_sd = get_model_state_dict(model), None
+        else:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = _as_saved(model_sd, optim_sd)
+        dcp.load(state, checkpoint_id=path)   # in place, into this rank's tensors (or their 1-element views)
+        model_sd = {k: state["model"][canonical(k)].reshape(v.shape) for k, v in model_sd.items()}
+        bad = nonfinite_tensors({k: getattr(v, "_local_tensor", v) for k, v in model_sd.items()})
+        if bad:
+            raise ValueError(f"non-finite weights ({', '.join(bad[:3])}); use an earlier checkpoint or start again")
+        if optimizer is None:
+            return set_model_state_dict(model, model_sd)
+        optim_sd = {"state": {k: {m: state["optimizer"][canonical(k)][m].reshape(t.shape) for m, t in st.items()}
+                              for k, st in optim_sd["state"].items()},
+                    "param_groups": [dict(saved, params=g["params"]) for saved, g in zip(param_groups, optim_sd["param_groups"])]}
+        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        check_optimizer_fits(optimizer)
+    except (KeyError, TypeError, ValueError, RuntimeError, AssertionError) as e:
+        raise ValueError(f"{path} does not fit this model: {one_line(e)}") from None
 
 
 def check_resume(ckpt, path, model_args, config, meta):
@@ -215,10 +331,10 @@ def check_resume(ckpt, path, model_args, config, meta):
     if data_diff:
         errors.append(f"cannot resume {path} exactly: " + ", ".join(data_diff) +
                       "; use the checkpoint's settings, or start a new run in another out_dir")
-    if "optimizer" not in ckpt:
+    if "optimizer" not in ckpt and "sharded" not in ckpt:
         errors.append(f"{path} holds no optimizer state, so training cannot resume from it exactly "
                       f"(ckpt.pt is the weights-only copy for sampling; resume from ckpt_last.pt)")
-    bad = nonfinite_tensors(ckpt["model"])
+    bad = nonfinite_tensors(ckpt.get("model", {}))   # a sharded one: load_sharded checks its pieces
     if bad:
         errors.append(f"{path} has non-finite weights ({', '.join(bad[:3])}); it cannot train; use an earlier "
                       f"checkpoint or start again")

@@ -85,9 +85,12 @@ def auto_dtype(dtype, device_type):
     return "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
 
 
-def precision_context(device_type, dtype):
-    """The forward's precision: nothing for float32, else autocast to dtype (a DTYPES name)."""
-    return nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=DTYPES[dtype])
+def precision_context(device_type, dtype, weight_cache=True):
+    """The forward's precision: nothing for float32, else autocast to dtype (a DTYPES name); weight_cache=False
+    casts a weight at every use instead of once per forward (FSDP: parallel.fully_shard_model says why)."""
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device_type=device_type, dtype=DTYPES[dtype], cache_enabled=weight_cache)
 
 
 def fmt_time(sec):

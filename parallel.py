@@ -1,6 +1,6 @@
 """
 Several processes (torchrun) for train.py: the process group, errors and signals every rank agrees on,
-DDP or FSDP2 around the model, and the whole state gathered into one single-file checkpoint.
+DDP or FSDP2 around the model, and the state a checkpoint needs (checkpoint.py writes and reads it).
 
 One process is the case world_size = 1: every function here then does the obvious local thing.
 """
@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 
-from checkpoint import check_optimizer_fits, one_line
+from checkpoint import canonical, check_optimizer_fits, load_sharded, one_line
 from model import HRM, Transformer
 
 
@@ -159,24 +160,52 @@ def shard_units(model):
     return list(model.blocks) if isinstance(model, Transformer) else [model.block]
 
 
+class _Scalar(nn.Module):
+    """alpha and tau under FSDP: stored as a 1-element vector (fully_shard takes no 0-d parameter) and read 0-d
+    by the model, so they promote nothing: a (1,) float32 tensor times bf16 activations is float32, a 0-d one
+    leaves them bf16, as in one process."""
+
+    def forward(self, x):
+        return x.reshape(())
+
+    def right_inverse(self, x):
+        return x.reshape(1)
+
+
 def fully_shard_model(model):
     """FSDP2 over the ranks: each block (with its projections) is a unit gathered when it runs, the rest is
     the root. HRM's and UniTF's shared blocks run M times a pass, so they stay gathered through the forward
-    (one all-gather, not M); a Transformer's blocks run once and are freed after their forward. The weights
-    are gathered in float32 and autocast casts them, as under DDP: the same numbers as DDP.
-    fully_shard takes no 0-d parameter: alpha and tau become 1-element vectors for the run (they only
-    broadcast, so every number is the same); full_state() gives them back 0-d, the one checkpoint format.
-    Returns the names of those parameters."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
-    scalars = [n for n, p in model.named_parameters() if p.dim() == 0]
-    for name in scalars:
+    (one all-gather, not M); a Transformer's blocks run once and are freed after their forward.
+
+    The weights are gathered in float32 and bf16 is autocast's, as under DDP: the same numbers as DDP. Only the
+    reduce dtype is set (float32), and train.py turns autocast's weight cache off under FSDP: the cache would
+    keep one bf16 copy of a shared weight for all M steps, whose gradient then reaches the weight after FSDP
+    has reduce-scattered it (docs/TRAINING.md, "bf16 under DDP and FSDP").
+    Returns the parameters in one process's order (alpha and tau are re-registered by _Scalar, which moves
+    them), so the optimizer's positions are a single process's."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard   # public since torch 2.6
+    from torch.nn.utils import parametrize
+    order = [n for n, _ in model.named_parameters()]
+    for name in [n for n, p in model.named_parameters() if p.dim() == 0]:
         owner, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(owner), attr, torch.nn.Parameter(model.get_parameter(name).detach().reshape(1)))
+        parametrize.register_parametrization(model.get_submodule(owner), attr, _Scalar(), unsafe=True)
+    mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
     for unit in shard_units(model):
         fully_shard(unit, mp_policy=mp, reshard_after_forward=isinstance(model, Transformer))
     fully_shard(model, mp_policy=mp)
-    return scalars
+    by_name = {canonical(n): p for n, p in model.named_parameters()}
+    return [by_name[n] for n in order]
+
+
+def compile_model(model, depths=1, backend="inductor"):
+    """torch.compile, ready for `depths` distinct loop lengths: random_depth (train.py) runs HRM or UniTF at up to
+    2D-1 depths, each its own graph, and past torch's recompile limit (8) torch would silently fall back to eager
+    for the rest. So the limit is raised to cover them (one compile per depth, at its first use)."""
+    import torch._dynamo
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"   # renamed in torch 2.7
+    setattr(cfg, name, max(getattr(cfg, name), depths + 1))   # + 1: the trained depth, if not among them
+    return torch.compile(model, backend=backend)
 
 
 def wrap(model, ranks, fsdp):
@@ -185,8 +214,10 @@ def wrap(model, ranks, fsdp):
     if not ranks.ddp or fsdp:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
+    # broadcast_buffers=False: the buffers (RoPE tables, z0) are built from the seed, the same on every rank, and
+    # never change, so DDP's broadcast of them before every forward would only cost time
     return DDP(model, device_ids=[ranks.local_rank] if ranks.device.startswith("cuda") else None,
-               gradient_as_bucket_view=True)
+               gradient_as_bucket_view=True, broadcast_buffers=False)
 
 
 def no_sync_unless(model, ranks, fsdp, last):
@@ -203,18 +234,18 @@ def _param_order(model, optimizer):
     return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
-def _rekey(osd, key, scalars, scalar_shape):
+def _rekey(osd, key, scalar_shape):
     """An optimizer state dict with each parameter key p replaced by key(p) (positions <-> FSDP's names), the
-    AdamW moments of the 0-d parameters reshaped to scalar_shape ((1,) in an FSDP run, () in checkpoints)."""
+    AdamW moments of alpha and tau reshaped to scalar_shape ((1,) in an FSDP run, () in checkpoints)."""
     def moments(name, v):
-        return {k: t.reshape(scalar_shape) if name in scalars and k != "step" else t for k, t in v.items()}
+        return {k: t.reshape(scalar_shape) if canonical(name) != name and k != "step" else t for k, t in v.items()}
     return {"state": {key(p): moments(p if isinstance(p, str) else key(p), v) for p, v in osd["state"].items()},
             "param_groups": [dict(g, params=[key(p) for p in g["params"]]) for g in osd["param_groups"]]}
 
 
-def load_optimizer_state(model, optimizer, osd, fsdp, scalars, path):
-    """A checkpoint's optimizer state (torch's positional format) into this run's optimizer; under FSDP
-    positions become parameter names, which set_optimizer_state_dict shards to each rank. ValueError (one
+def load_optimizer_state(model, optimizer, osd, fsdp, path):
+    """A single-file checkpoint's optimizer state (torch's positional format) into this run's optimizer; under
+    FSDP positions become parameter names, which set_optimizer_state_dict shards to each rank. ValueError (one
     line) where it does not fit: other parameter groups, or moments of other shapes."""
     try:
         if not fsdp:
@@ -223,26 +254,27 @@ def load_optimizer_state(model, optimizer, osd, fsdp, scalars, path):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
             order = _param_order(model, optimizer)
             set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
-                                     optim_state_dict=_rekey(osd, order.__getitem__, scalars, (1,)))
+                                     optim_state_dict=_rekey(osd, order.__getitem__, (1,)))
         check_optimizer_fits(optimizer)
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise ValueError(f"{path}: its optimizer state does not fit this model: {one_line(e)}") from None
 
 
-def full_state(model, optimizer, ranks, fsdp, scalars, with_optimizer):
-    """The model's (and optimizer's) whole state as one process holds it, on the master (None elsewhere).
-    Under FSDP every rank must call this (it gathers the shards); the optimizer state goes back to torch's
-    positional keys and the 0-d parameters to 0-d."""
+def restore(model, optimizer, ckpt, path, resume, fsdp):
+    """What train.py applies once the model and optimizer exist: a sharded checkpoint's weights (and, to resume,
+    its AdamW state and hyperparameters), or a single file's AdamW state (its weights were loaded before
+    sharding), each dropped from ckpt once applied. ValueError (one line) where it does not fit."""
+    if "sharded" in ckpt:
+        load_sharded(path, model, optimizer if resume else None, ckpt.get("param_groups"))
+    elif resume:
+        load_optimizer_state(model, optimizer, ckpt.pop("optimizer"), fsdp, path)
+
+
+def full_weights(model, ranks, fsdp):
+    """The model's weights as one process holds them (ckpt.pt), on the master (None elsewhere). Under FSDP every
+    rank must call this (it gathers the shards, to the master's CPU); names and alpha, tau 0-d as one process's."""
     if not fsdp:
-        return model.state_dict(), optimizer.state_dict() if with_optimizer else None
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
-    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd = get_model_state_dict(model, options=full)   # full on rank 0, empty on the others
-    osd = get_optimizer_state_dict(model, optimizer, options=full) if with_optimizer else None
-    if not ranks.master:
-        return None, None
-    model_sd.update({n: model_sd[n].reshape(()) for n in scalars if n in model_sd})   # 0-d again
-    if not with_optimizer:
-        return model_sd, None
-    return model_sd, _rekey(osd, _param_order(model, optimizer).index, scalars, ())
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {canonical(k): v.reshape(()) if canonical(k) != k else v for k, v in sd.items()} if ranks.master else None

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 import parallel
-from checkpoint import (CKPT_BEST, CKPT_LAST, append_log, check_resume, find_checkpoint, finished_run,
-                        load_checkpoint, one_line, save_checkpoint, take_out_dir, trim_log)
+from checkpoint import (CKPT_BEST, CKPT_LAST, CKPT_LAST_DCP, append_log, check_resume, find_checkpoint, finished_run,
+                        load_checkpoint, one_line, resume_path, save_checkpoint, save_sharded, take_out_dir, trim_log)
 from common import DTYPES, auto_device, auto_dtype, check_device, fail, fmt_time, precision_context
 from configurator import check_train_settings, configure
 from flops import counted_train_flops, device_peak_tflops
@@ -163,14 +163,14 @@ parallel.stop_on_errors(errors, ranks)
 checkpoint = None
 if init_from != "scratch":   # every rank loads it: ckpt_last.pt to resume, or the weights a new run starts from
     try:
-        source = ckpt_last if resume else find_checkpoint(init_from)   # the file these weights come from
+        source = resume_path(out_dir) if resume else find_checkpoint(init_from)   # where these weights come from
         checkpoint = load_checkpoint(source)
     except ValueError as e:
         errors.append(str(e))
 if resume and checkpoint is not None:
     saved = tuple(checkpoint.get("config", {}).get(k, config[k]) for k in ("gradient_accumulation_steps", "batch_size"))
     set_micro_batches(saved)
-    problems, changed = check_resume(checkpoint, ckpt_last, model_args, config, meta)
+    problems, changed = check_resume(checkpoint, source, model_args, config, meta)
     errors += problems
     if changed:
         notes.append("note: resuming with changed settings (the schedule, not the data): " + ", ".join(changed))
@@ -201,22 +201,22 @@ def get_batch(split, stream, i, j):
 # beats the initial one, so a diverged model with finite but huge weights never becomes the best
 iter_num, best_val_loss, best_iter, skipped_total, eval_pending, losses = 0, float("inf"), None, 0, False, {}
 model = build_model(model_config)
-if checkpoint is not None:
+if checkpoint is not None and "model" in checkpoint:   # a single file: loaded whole, then dropped (its memory too)
     try:
-        model.load_state_dict(checkpoint["model"])
+        model.load_state_dict(checkpoint.pop("model"))
     except RuntimeError as e:   # a missing key, a tensor of another shape: named in the one line
         errors.append(f"{source} does not fit this model: {one_line(e)}")
 model.to(device)
-scalars = parallel.fully_shard_model(model) if fsdp else []   # FSDP2: weights, grads and AdamW state sharded
-decay = [p for p in model.parameters() if p.dim() >= 2]      # matrices and the embedding
-no_decay = [p for p in model.parameters() if p.dim() < 2]    # norms, alpha, tau
+params = parallel.fully_shard_model(model) if fsdp else list(model.parameters())   # FSDP2: all state sharded
+decay = [p for p in params if p.dim() >= 2]      # matrices and the embedding
+no_decay = [p for p in params if p.dim() < 2]    # norms, alpha, tau
 optimizer = torch.optim.AdamW(
     [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
     lr=learning_rate, betas=(beta1, beta2), fused=device_type == "cuda")
-if resume and checkpoint is not None and not errors:
-    try:   # AdamW's state; then drop what a killed run logged after its checkpoint
-        parallel.load_optimizer_state(model, optimizer, checkpoint["optimizer"], fsdp, scalars, ckpt_last)
-        if master:
+if checkpoint is not None and not errors:
+    try:   # the rest of the checkpoint (AdamW's state; a sharded one's weights); drop what a killed run logged after it
+        parallel.restore(model, optimizer, checkpoint, source, resume, fsdp)
+        if resume and master:
             trim_log(out_dir, checkpoint["iter_num"])
     except ValueError as e:
         errors.append(str(e))
@@ -238,10 +238,10 @@ del checkpoint
 # No RNG state is saved: after the initialisation nothing draws from a global generator (no dropout; each
 # batch comes from its own generator), so a resume is exact without it.
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
-ctx = precision_context(device_type, dtype)
+ctx = precision_context(device_type, dtype, weight_cache=not fsdp)   # why not under FSDP: parallel.fully_shard_model
 raw_model = model   # what is saved: uncompiled, unwrapped
-if compile:
-    model = torch.compile(model)
+if compile:   # random_depth: one graph per depth 1..2D-1
+    model = parallel.compile_model(model, 2 * (model_config.N if arch == "hrm" else model_config.M) - 1 if random_depth else 1)
 model = parallel.wrap(model, ranks, fsdp)   # DDP under torchrun (FSDP is already in place)
 steps = model_config.M
 clip = grad_clip * min(K, steps) / steps if arch in ("hrm", "unitf") else grad_clip  # K/M-proportional
@@ -296,16 +296,18 @@ def estimate_loss():
 
 def save(path):
     """ckpt.pt (the best model, for sampling) holds the weights and settings; ckpt_last.pt (for resume) also
-    the AdamW state. Every rank calls it (FSDP gathers the shards); the master writes, atomically."""
-    if not master and not fsdp:
-        return
-    model_sd, optim_sd = parallel.full_state(raw_model, optimizer, ranks, fsdp, scalars, path == ckpt_last)
+    the AdamW state: one file the master writes atomically, or under FSDP ckpt_last.dcp, the shards every rank
+    writes at once. Every rank calls it (FSDP gathers ckpt.pt's weights to the master)."""
+    info = {"model_args": model_args, "config": config, "iter_num": iter_num, "best_val_loss": best_val_loss,
+            "best_iter": best_iter, "meta": meta}
+    if path == ckpt_last:   # eval_pending: a signal stopped the evaluation of iter_num; the resume does it
+        info.update(skipped_total=skipped_total, eval_pending=losses is None)
+        if fsdp:
+            return save_sharded(os.path.join(out_dir, CKPT_LAST_DCP), raw_model, optimizer, info, master)
+    model_sd = parallel.full_weights(raw_model, ranks, fsdp) if master or fsdp else None   # FSDP: a collective
     if master:
-        ckpt = {"model": model_sd, "model_args": model_args, "config": config, "iter_num": iter_num,
-                "best_val_loss": best_val_loss, "best_iter": best_iter, "meta": meta}
-        if path == ckpt_last:   # eval_pending: a signal stopped the evaluation of iter_num; the resume does it
-            ckpt.update(optimizer=optim_sd, skipped_total=skipped_total, eval_pending=losses is None)
-        save_checkpoint(path, ckpt)
+        save_checkpoint(path, dict(info, model=model_sd, **({"optimizer": optimizer.state_dict()}
+                                                             if path == ckpt_last else {})))
 
 
 # --- training loop: Algorithm 1 (the model's forward is Algorithms 2-3, with the last-K window) ---------
@@ -353,7 +355,7 @@ while True:
     if signals.requested():  # after (or during) the due evaluation, so a resume from here skips nothing
         if not eval_only:
             save(ckpt_last)
-        signals.exit(iter_num, saved=None if eval_only else ckpt_last)
+        signals.exit(iter_num, saved=None if eval_only else resume_path(out_dir))
 
     # forward/backward over this rank's share of the global micro-batches (rank r: r, r+W, r+2W, ...)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)

@@ -58,6 +58,7 @@ SLOW = ["out-hps-hrm", "out-hps-tf", "out-ms-hrm",   # the HPSearch and MultiSee
         "tfbaseline_tf_l12.py --batch_size=4",            # plain DDP, which the paper-config line in FAST runs
         "tfbaseline_tf_l12.py --fsdp=True",               # CI time: tests/test_distributed.py runs FSDP in CI
         "--markdown=80,96",                                          # docs/MEMORY.md's table: 32 configs planned
+        "ckpt_memory.py --label=after",                   # a 144M-parameter model on 2 ranks, twice (2 min)
         "config/shakespeare_hrm.py && python sample.py",   # CI time: the BPE data and HRM train in other CI tests
         "--nproc_per_node=2 train.py config/char_hrm.py"]  # CI time: test_distributed runs 2 gloo ranks in CI
 
