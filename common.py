@@ -87,10 +87,24 @@ def auto_dtype(dtype, device_type):
 
 def precision_context(device_type, dtype, weight_cache=True):
     """The forward's precision: nothing for float32, else autocast to dtype (a DTYPES name); weight_cache=False
-    casts a weight at every use instead of once per forward (FSDP: parallel.fully_shard_model says why)."""
+    casts a weight at every use instead of once per forward (FSDP: parallel.fully_shard_model says why). The
+    cache is also off where this torch's autocast would reuse a copy made under no_grad without its gradient."""
     if dtype == "float32":
         return nullcontext()
-    return torch.autocast(device_type=device_type, dtype=DTYPES[dtype], cache_enabled=weight_cache)
+    cache = weight_cache and autocast_cache_keeps_grad(device_type, DTYPES[dtype])
+    return torch.autocast(device_type=device_type, dtype=DTYPES[dtype], cache_enabled=cache)
+
+
+def autocast_cache_keeps_grad(device_type, dtype):
+    """Whether autocast's weight cache is safe for HRM and UniTF, whose first use of a shared weight is a no-grad
+    step: in torch before pytorch#165068 (pytorch#112583) the bf16 copy cached there has no gradient history, and
+    every later step that reuses it computes no gradient for the weight, silently. Tried on a 2 x 2 weight."""
+    w = torch.ones(2, 2, device=device_type, requires_grad=True)
+    x = torch.ones(1, 2, device=device_type)
+    with torch.autocast(device_type=device_type, dtype=dtype):
+        with torch.no_grad():
+            torch.nn.functional.linear(x, w)
+        return torch.nn.functional.linear(x, w).requires_grad
 
 
 def fmt_time(sec):

@@ -97,17 +97,22 @@ class AutocastOnMeta(TorchFunctionMode):
             F.cross_entropy, F.rms_norm, torch.exp, torch.Tensor.exp, torch.log, torch.Tensor.log,
             torch.sum, torch.Tensor.sum}
 
-    def __init__(self, dtype):
+    def __init__(self, dtype, weight_cache=True):
         super().__init__()
         self.dtype = dtype       # None: no autocast (float32 training), only the fused attention
+        self.weight_cache = weight_cache   # False under FSDP (train.py): a weight is cast at every use
         self.cache = {}          # id(weight) -> (weight, its cast): autocast casts each leaf once per region
 
     def cast(self, t, dtype):
         if not (isinstance(t, torch.Tensor) and t.is_floating_point()) or t.dtype == dtype:
             return t
         if t.is_leaf and t.requires_grad:
-            if id(t) not in self.cache:
-                self.cache[id(t)] = (t, t.to(dtype))
+            if id(t) not in self.cache or not self.weight_cache:
+                with torch.enable_grad():   # as torch's autocast: a copy first made under no_grad still carries
+                    c = t.to(dtype)         # the gradient of the steps that reuse it (pytorch#158232)
+                c.weight_cast = True   # what count_iteration reports as weight casts when autograd saves it
+                self.cache[id(t)] = (t, c) if self.weight_cache else None
+                return c
             return self.cache[id(t)][1]
         return t.to(dtype)
 
@@ -150,12 +155,13 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-def count_iteration(cfg, batch, dtype=torch.bfloat16, grads_persistent=True, seq=None):
+def count_iteration(cfg, batch, dtype=torch.bfloat16, grads_persistent=True, seq=None, weight_cache=True):
     """One training iteration (forward, loss, backward) of build_model(cfg) at `batch` x `seq` tokens (block_size),
     on the meta device. Returns bytes: saved activations, of which logits and weight casts, and the
     iteration's peak beyond the persistent state. grads_persistent: the gradients exist before the
     iteration (DDP's buckets, FSDP's sharded grads); else they are created in backward and count in the
-    peak. FSDP runs the same iteration (train.py gathers float32 weights and autocasts as under DDP)."""
+    peak. weight_cache=False is FSDP's iteration (train.py gathers float32 weights and autocast casts a weight at
+    every use: each step with gradient saves its own bf16 copy of its weights)."""
     with torch.device("meta"):
         model = build_model(cfg)
     model.train()
@@ -170,17 +176,17 @@ def count_iteration(cfg, batch, dtype=torch.bfloat16, grads_persistent=True, seq
     def pack(t):
         key = t.untyped_storage()._cdata
         if key not in own and key not in saved:
-            saved[key] = (t.untyped_storage().nbytes(), t.dim() >= 2 and t.shape[-1] == cfg.vocab_size)
+            cast = getattr(t, "weight_cast", False) or getattr(t._base, "weight_cast", False)
+            saved[key] = (t.untyped_storage().nbytes(), t.dim() >= 2 and t.shape[-1] == cfg.vocab_size, cast)
         return t
 
-    autocast = AutocastOnMeta(None if dtype == torch.float32 else dtype)
+    autocast = AutocastOnMeta(None if dtype == torch.float32 else dtype, weight_cache)
     live = LiveBytes(own)
     with live, autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         _, loss = model(x, x)      # train.py keeps only the loss
-        casts = {c.untyped_storage()._cdata for _, c in autocast.cache.values()}
-        acts = sum(n for k, (n, _) in saved.items() if k not in casts)
-        logits = sum(n for n, is_logits in saved.values() if is_logits)
-        cast_bytes = sum(n for k, (n, _) in saved.items() if k in casts)
+        acts = sum(n for n, _, cast in saved.values() if not cast)
+        logits = sum(n for n, is_logits, _ in saved.values() if is_logits)
+        cast_bytes = sum(n for n, _, cast in saved.values() if cast)
         del saved, autocast
         loss.backward()
         del loss
@@ -204,7 +210,7 @@ def plan(settings, world_size, gpu_bytes, reserve_bytes, micro_batch=None, fsdp=
     with torch.device("meta"):
         model = build_model(cfg)
     P = sum(p.numel() for p in model.parameters())
-    it = count_iteration(cfg, micro_batch or settings["batch_size"], dtype)
+    it = count_iteration(cfg, micro_batch or settings["batch_size"], dtype, weight_cache=not fsdp)
     state = 16 * P
     if fsdp:   # sharded weights, grads and moments, plus what is gathered (float32) and one unit's whole grads
         held, unit = gathered_params(model, cfg.arch)

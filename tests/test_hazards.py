@@ -54,3 +54,16 @@ def test_requirements_admit_only_a_torch_with_public_fsdp2():
     floor = tuple(int(v) for v in re.search(r">=\s*([\d.]+)", line).group(1).split("."))
     assert floor >= (2, 6), line
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: F401
+
+
+def test_autocast_weight_cache_off_where_it_would_drop_gradients(monkeypatch):
+    """In torch before pytorch#165068 autocast caches the bf16 copy a no-grad step made, without gradient history,
+    and HRM's and UniTF's window steps reuse it: their shared weights get no gradient, silently. precision_context
+    asks the running torch (autocast_cache_keeps_grad) and turns the cache off where it would; FSDP always
+    casts at every use (parallel.fully_shard_model)."""
+    import common
+    assert common.autocast_cache_keeps_grad("cpu", torch.bfloat16)          # torch 2.13: fixed
+    assert common.precision_context("cpu", "bfloat16")._cache_enabled
+    assert not common.precision_context("cpu", "bfloat16", weight_cache=False)._cache_enabled
+    monkeypatch.setattr(common, "autocast_cache_keeps_grad", lambda device_type, dtype: False)   # an older torch
+    assert not common.precision_context("cpu", "bfloat16")._cache_enabled
