@@ -14,7 +14,7 @@ import math
 import os
 import sys
 
-from checkpoint import CKPT_BEST, CKPT_LAST, LOG, read_log
+from checkpoint import CKPT_BEST, LOG, read_info, read_log, resume_path
 from common import HelpFormatter, check_output_path, fail
 
 
@@ -51,10 +51,9 @@ def finite(v):
 def unigram_of(out_dir):
     """(dataset name, unigram CE) of the dataset a run trained on (from its checkpoint's config), or None."""
     try:
-        import torch
         from prepare import unigram_ce
-        name = CKPT_BEST if os.path.exists(os.path.join(out_dir, CKPT_BEST)) else CKPT_LAST
-        cfg = torch.load(os.path.join(out_dir, name), map_location="cpu", weights_only=True, mmap=True)["config"]
+        best = os.path.join(out_dir, CKPT_BEST)
+        cfg = read_info(best if os.path.exists(best) else resume_path(out_dir))["config"]
         if os.path.getsize(os.path.join(cfg["data_dir"], cfg["dataset"], "train.bin")) > 1 << 30:
             raise ValueError("too large to count here")  # OpenWebText: 18 GB to read for one line
         return cfg["dataset"], unigram_ce(cfg["data_dir"], cfg["dataset"])

@@ -23,7 +23,7 @@ from prepare import get_codec, load_meta
 # -----------------------------------------------------------------------------
 init_from = "resume"         # "resume": the checkpoint in out_dir
 out_dir = "out"              # where train.py wrote ckpt.pt / ckpt_last.pt
-ckpt = "ckpt.pt"             # which checkpoint in out_dir: ckpt.pt (best val) or ckpt_last.pt (latest)
+ckpt = "ckpt.pt"             # which checkpoint in out_dir: ckpt.pt (best val), ckpt_last.pt or an FSDP run's ckpt_last.dcp
 start = "\n"                 # the prompt, or "FILE:path" to read it from a file
 num_samples = 3              # samples to draw
 max_new_tokens = 200         # tokens per sample
