@@ -121,7 +121,17 @@ def test_readme_loops_run(key, repo):
     run(cmd, repo)
 
 
-# --- the quick start's figures: deterministic on CPU in float32, so quoted exactly and checked ---------
+# --- the quick start's figures: checked within what other CPUs and thread counts measured ----------------
+
+# float32 on a CPU is bit-identical for one machine and one thread count (tests/test_determinism.py), not across
+# them, and post-norm HRM at its tuned lr amplifies the last-digit differences. Largest |val loss - README| over
+# this repository's 2-core AVX-512 machine at 1 thread, under ATEN_CPU_CAPABILITY=avx2 or =default and
+# MKL_ENABLE_INSTRUCTIONS=AVX2, and another AVX-512 machine (issue #32): iteration 0 2e-8, 100 0.0003, 200 0.030,
+# 300 0.031, 400 0.034. Tolerances: iteration 0 rounds to the README (nothing trained yet); 100 six times its
+# spread, still 12 and 21 times below what --learning_rate x2 and /2 move it (0.024, 0.042); 200-400 twice
+# theirs, which catch lr x2 (0.17-0.20) but not /2 (0.015-0.038): iteration 100 is the sharp check.
+TOLERANCE = {0: 0.00005, 100: 0.002, 200: 0.06, 300: 0.06, 400: 0.07}
+
 
 def quick_start_losses():
     """{iteration: val loss} from the README's quick-start table."""
@@ -151,14 +161,21 @@ def run_quick_start(data, out, max_iters):
     return {r["iter"]: r["val_loss"] for r in map(json.loads, open(os.path.join(out, "log.jsonl")))}
 
 
+def assert_close_to_readme(got, quoted, iters):
+    """Each iteration's val loss within TOLERANCE of the README's (iteration 0: rounds to it)."""
+    assert set(quoted) == set(TOLERANCE) and set(iters) <= set(got), (got, quoted)
+    off = {i: (got[i], quoted[i]) for i in iters if abs(got[i] - quoted[i]) > TOLERANCE[i]}
+    assert not off, f"{{iteration: (measured, README)}} beyond TOLERANCE {TOLERANCE}: {off}"
+
+
 def test_quick_start_first_losses_are_the_readmes(all_plays_char, tmp_path):
     quoted = quick_start_losses()
     got = run_quick_start(all_plays_char, str(tmp_path / "qs"), 100)
-    assert {i: round(got[i], 4) for i in (0, 100)} == {i: quoted[i] for i in (0, 100)}, (got, quoted)
+    assert_close_to_readme(got, quoted, (0, 100))
 
 
 @pytest.mark.slow   # the whole quick start (400 iterations); CI checks its first 100 above
 def test_quick_start_losses_are_the_readmes(all_plays_char, tmp_path):
     quoted = quick_start_losses()
     got = run_quick_start(all_plays_char, str(tmp_path / "qs"), 400)
-    assert {i: round(v, 4) for i, v in got.items()} == quoted, (got, quoted)
+    assert_close_to_readme(got, quoted, sorted(quoted))
