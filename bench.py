@@ -90,7 +90,7 @@ def model_config(name, preset, **override):
 def reset_peak(device):
     """Start a new peak: CUDA's counter, or on Linux the process's RSS high-water mark (VmHWM)."""
     if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_peak_memory_stats(device)
     else:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -99,14 +99,14 @@ def reset_peak(device):
 def peak_mb(device):
     """Peak since the last reset_peak (CUDA: allocated tensors; CPU: resident memory)."""
     if device.startswith("cuda"):
-        return torch.cuda.max_memory_allocated() / 2**20
+        return torch.cuda.max_memory_allocated(device) / 2**20
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**10  # kB
 
 
 def current_mb(device):
     if device.startswith("cuda"):
-        return torch.cuda.memory_allocated() / 2**20
+        return torch.cuda.memory_allocated(device) / 2**20
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
@@ -275,7 +275,7 @@ def main(argv=None):
         print("note: --preset=paper is sized for a GPU; on this CPU it will take very long", file=sys.stderr)
     dtype = DTYPES[p["dtype"]]
     peak = measure_peak_tflops(device, dtype)
-    dev_name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)"
+    dev_name = torch.cuda.get_device_name(device) if device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)"
     sheet = datasheet_tflops(device)
     print(f"# bench.py --preset={args.preset} on {dev_name}: d={p['d']}, seq={p['seq']}, vocab={p['vocab']}, "
           f"{p['dtype']}, " + ("forward compiled for latency and generation, " if args.compile else "") +

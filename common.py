@@ -113,7 +113,7 @@ def fmt_time(sec):
 
 def sync(device):
     if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)   # this device's work: bench.py --device=cuda:1 times cuda:1
 
 
 def timed(fn, device, reps, warmup=None):

@@ -12,9 +12,11 @@ import torch
 from common import timed
 from model import build_model, fast_attn_schedule
 
-# datasheet bf16 dense peaks, TFLOP/s (MFU is measured against the device's own peak)
-DATASHEET_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "RTX 6000 Ada": 364.0,
-                         "A6000": 155.0, "4090": 165.0}
+# datasheet dense bf16 peaks, TFLOP/s, the same for fp16 on these parts (MFU is measured against the device's own
+# peak). Matched against torch.cuda.get_device_name in this order, the most specific first: an "H100 PCIe" is
+# not the SXM part ("NVIDIA H100 80GB HBM3").
+DATASHEET_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200": 989.0, "A100": 312.0,
+                         "L40S": 362.0, "RTX 6000 Ada": 364.0, "A6000": 155.0, "4090": 165.0}
 
 
 def counted_train_flops(cfg, batch, n):
@@ -66,7 +68,7 @@ def measure_peak_tflops(device, dtype, n=None):
 
 
 def datasheet_tflops(device):
-    """The datasheet bf16 dense peak of a known GPU, else None."""
+    """The datasheet bf16 (= fp16) dense peak of a known GPU, else None."""
     if not device.startswith("cuda"):
         return None
     name = torch.cuda.get_device_name(device)
@@ -74,7 +76,7 @@ def datasheet_tflops(device):
 
 
 def device_peak_tflops(device, dtype):
-    """The peak MFU is measured against: the datasheet bf16 dense peak of a known GPU, else a matmul
-    peak measured now (a CPU has no useful datasheet figure)."""
-    sheet = datasheet_tflops(device) if dtype == torch.bfloat16 else None
+    """The peak MFU is measured against: the datasheet dense peak of a known GPU in bf16 or fp16 (the same
+    figure), else a matmul peak measured now (float32, an unknown GPU; a CPU has no useful datasheet figure)."""
+    sheet = datasheet_tflops(device) if dtype in (torch.bfloat16, torch.float16) else None
     return sheet or measure_peak_tflops(device, dtype, None if device.startswith("cuda") else 1024)  # CPU: ~0.1 s

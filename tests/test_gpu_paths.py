@@ -1,0 +1,46 @@
+"""The CUDA path's device bookkeeping, checked on the CPU with a mocked torch.cuda: MFU's datasheet peak per GPU
+part and dtype, and bench.py's timing and memory calls aimed at the device asked for, not device 0."""
+
+import pytest
+import torch
+
+import bench
+import common
+import flops
+
+
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0), ("NVIDIA H100 80GB HBM3", 989.0),
+    ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100-PCIE-40GB", 312.0)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mfu_peak_is_the_parts_datasheet_in_bf16_and_fp16(monkeypatch, name, peak, dtype):
+    """Any "H100" used to count as the SXM part (989), overstating a PCIe card's peak by 31%; and fp16 used a
+    measured peak where bf16 used the datasheet, so the two MFUs were not comparable."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(flops, "measure_peak_tflops", lambda *a, **k: pytest.fail("measured a known part's peak"))
+    assert flops.device_peak_tflops("cuda:0", dtype) == peak
+
+
+def test_unknown_gpu_and_float32_measure_the_peak(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
+    monkeypatch.setattr(flops, "measure_peak_tflops", lambda device, dtype, n=None: 123.0)
+    assert flops.device_peak_tflops("cuda:0", torch.bfloat16) == 123.0
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 PCIe")
+    assert flops.device_peak_tflops("cuda:0", torch.float32) == 123.0
+
+
+def test_bench_times_and_measures_the_device_it_was_given(monkeypatch):
+    """bench.py --device=cuda:1 synchronized and read the memory counters of device 0 (torch's current device)."""
+    seen = []
+    for fn in ("synchronize", "reset_peak_memory_stats", "max_memory_allocated", "memory_allocated",
+               "get_device_name"):
+        result = "Some GPU" if fn == "get_device_name" else 0
+        monkeypatch.setattr(torch.cuda, fn, lambda device=None, fn=fn, result=result: seen.append((fn, device)) or result)
+    common.sync("cuda:1")
+    bench.reset_peak("cuda:1")
+    bench.peak_mb("cuda:1")
+    bench.current_mb("cuda:1")
+    flops.datasheet_tflops("cuda:1")
+    assert seen and all(device == "cuda:1" for _, device in seen), seen
+    assert {fn for fn, _ in seen} == {"synchronize", "reset_peak_memory_stats", "max_memory_allocated",
+                                      "memory_allocated", "get_device_name"}
