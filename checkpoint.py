@@ -69,6 +69,9 @@ def take_out_dir(out_dir, init_from, overwrite, eval_only):
         lock.flush()
     except OSError as e:   # a full disk: the lock is held, its note cannot be written; nothing else was touched
         return None, f"cannot use out_dir {out_dir!r}: {e.strerror or e}; {intact(out_dir)}"
+    dcp = os.path.join(out_dir, CKPT_LAST_DCP)
+    if not os.path.exists(dcp) and os.path.isdir(dcp + ".tmp.old"):   # killed between save_sharded's two renames
+        os.replace(dcp + ".tmp.old", dcp)
     for name in os.listdir(out_dir):  # temporaries of a save that crashed or was killed: we hold the lock
         if name.startswith(tuple(f"{n}.tmp" for n in RUN_FILES)):
             remove(os.path.join(out_dir, name))

@@ -533,3 +533,16 @@ def test_signal_during_an_evaluation_saves_and_resume_evaluates(char_data, tmp_p
     assert not os.path.exists(os.path.join(out, "log.jsonl"))
     run_train(args + ["--init_from=resume"], char_data, out)
     assert [r["iter"] for r in raw_log(out)] == [0, 2]         # iteration 0 evaluated by the resumed run
+
+
+def test_a_kill_between_the_sharded_swaps_loses_nothing(tmp_path):
+    """save_sharded moves the old ckpt_last.dcp aside before the new one takes its name; killed in between, the
+    next run puts the old one back instead of sweeping it away with the temporaries."""
+    from checkpoint import take_out_dir
+    old = tmp_path / "ckpt_last.dcp.tmp.old"
+    old.mkdir()
+    (old / "meta.pt").write_bytes(b"x")
+    (tmp_path / "ckpt_last.dcp.tmp").mkdir()            # the new one, half written
+    lock, problem = take_out_dir(str(tmp_path), "resume", False, False)
+    assert problem is None and (tmp_path / "ckpt_last.dcp" / "meta.pt").read_bytes() == b"x"
+    assert not old.exists() and not (tmp_path / "ckpt_last.dcp.tmp").exists()
