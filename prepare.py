@@ -368,6 +368,20 @@ def open_dataset(data_dir, dataset, block_size, vocab_size=0):
     return data, meta
 
 
+def get_batch(data, split, seed, stream, i, j, batch_size, block_size, device="cpu"):
+    """Micro-batch j of iteration i of a stream (train.py: 0 training, 1 and 2 evaluation) of an open_dataset, from
+    its own generator: the same tokens on any world size and after a resume (the sampler's state is i)."""
+    import torch
+    rng = np.random.default_rng([seed, stream, i, j])
+    d = data[split]
+    ix = rng.integers(0, len(d) - block_size - 1, size=batch_size)
+    x = torch.from_numpy(np.stack([d[k:k + block_size] for k in ix]).astype(np.int64))
+    y = torch.from_numpy(np.stack([d[k + 1:k + 1 + block_size] for k in ix]).astype(np.int64))
+    if str(device).startswith("cuda"):
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x, y
+
+
 def get_codec(meta):
     """(encode, decode) for a dataset's meta.json."""
     if meta.get("tokenizer") == "char":

@@ -7,8 +7,7 @@ DDP on one node with 6 GPUs (NCCL on CUDA, gloo on CPU):
 
     torchrun --standalone --nproc_per_node=6 train.py config/equalparam_nt8.py
 
-FSDP2 (--fsdp=True) instead of DDP shards the weights, gradients and AdamW state over the ranks, for the
-configs whose state one GPU cannot hold (python plan.py config/X.py says which, and the micro-batch).
+FSDP2 (--fsdp=True) shards weights, gradients and AdamW state over the ranks (plan.py says which configs need it).
 
 gradient_accumulation_steps is the *global* number of micro-batches per iteration, as in
 nanoGPT: each of W ranks runs 1/W of them. Micro-batch j of iteration i is drawn from its
@@ -22,7 +21,6 @@ import random
 import sys
 import time
 
-import numpy as np
 import torch
 
 import parallel
@@ -32,7 +30,7 @@ from common import DTYPES, auto_device, auto_dtype, check_device, fail, fmt_time
 from configurator import check_train_settings, configure
 from flops import counted_train_flops, device_peak_tflops
 from model import MODEL_FIELDS, ModelConfig, build_model
-from prepare import open_dataset
+import prepare
 
 # -----------------------------------------------------------------------------
 # Defaults: the paper's OpenWebText setup (section "Setup"; Table "Ablation" base: HRM d=4096,
@@ -133,7 +131,7 @@ if init_from != "resume":   # a resumed run decides once its checkpoint is loade
     set_micro_batches()
 data, meta = {}, None
 try:   # the files checked against meta.json, and each split long enough for block_size
-    data, meta = open_dataset(data_dir, dataset, block_size, vocab_size)
+    data, meta = prepare.open_dataset(data_dir, dataset, block_size, vocab_size)
 except ValueError as e:
     errors.append(str(e))
 vocab_size = config["vocab_size"] = meta["vocab_size"] if meta else vocab_size or 50257   # the dataset's
@@ -183,17 +181,8 @@ tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 micro_per_rank = gradient_accumulation_steps // world_size
 
 
-def get_batch(split, stream, i, j):
-    """Micro-batch j of iteration i of a stream (0: training, 1 and 2: evaluation), from its own generator:
-    the same tokens on any world size and after a resume (the sampler's whole state is the iteration)."""
-    rng = np.random.default_rng([seed, stream, i, j])
-    d = data[split]
-    ix = rng.integers(0, len(d) - block_size - 1, size=batch_size)
-    x = torch.from_numpy(np.stack([d[k:k + block_size] for k in ix]).astype(np.int64))
-    y = torch.from_numpy(np.stack([d[k + 1:k + 1 + block_size] for k in ix]).astype(np.int64))
-    if device_type == "cuda":
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x, y
+def get_batch(split, stream, i, j):   # micro-batch j of iteration i of a stream (0: training, 1-2: evaluation)
+    return prepare.get_batch(data, split, seed, stream, i, j, batch_size, block_size, device)
 
 
 # --- model and optimiser ------------------------------------------------------------------------
@@ -230,18 +219,18 @@ for note in notes:
     log(note)
 if checkpoint is not None and not resume:   # a new run from these weights: a fresh optimizer and schedule
     log(f"starting from the weights of {source} (iter {checkpoint['iter_num']})")
-elif checkpoint is not None:
-    iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
-    best_iter, skipped_total = checkpoint.get("best_iter"), checkpoint.get("skipped_total", 0)
-    eval_pending = checkpoint.get("eval_pending", False)
+elif checkpoint is not None:   # where the run stopped
+    iter_num, best_val_loss, best_iter, skipped_total, eval_pending = (checkpoint.get(k, d) for k, d in (
+        ("iter_num", 0), ("best_val_loss", float("inf")), ("best_iter", None), ("skipped_total", 0), ("eval_pending", False)))
 del checkpoint
 # No RNG state is saved: after the initialisation nothing draws from a global generator (no dropout; each
 # batch comes from its own generator), so a resume is exact without it.
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 ctx = precision_context(device_type, dtype, weight_cache=not fsdp)   # why not under FSDP: parallel.fully_shard_model
 raw_model = model   # what is saved: uncompiled, unwrapped
-if compile:   # random_depth: one graph per depth 1..2D-1
-    model = parallel.compile_model(model, 2 * (model_config.N if arch == "hrm" else model_config.M) - 1 if random_depth else 1)
+loop_depth = model_config.N if arch == "hrm" else model_config.M   # D: random_depth draws 1..2D-1 (train_depth)
+if compile:
+    model = parallel.compile_model(model, 2 * loop_depth - 1 if random_depth else 1)   # a graph per depth
 model = parallel.wrap(model, ranks, fsdp)   # DDP under torchrun (FSDP is already in place)
 steps = model_config.M
 clip = grad_clip * min(K, steps) / steps if arch in ("hrm", "unitf") else grad_clip  # K/M-proportional
@@ -254,8 +243,7 @@ peak_flops = device_peak_tflops(device, DTYPES[dtype]) * 1e12 * world_size
 def train_depth(it):
     """random_depth (Huginn's recipe for depth at inference; docs/MODEL.md section 8): iteration it's depth,
     uniform on 1..2D-1, from (seed, it) alone, so every rank draws the same and a resume continues exactly."""
-    D = model_config.N if arch == "hrm" else model_config.M
-    return random.Random(seed * 1_000_003 + it).randint(1, 2 * D - 1)
+    return random.Random(seed * 1_000_003 + it).randint(1, 2 * loop_depth - 1)
 
 
 def get_lr(it):
