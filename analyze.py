@@ -31,8 +31,8 @@ import torch.nn.functional as F
 
 from checkpoint import CKPT_BEST, load_checkpoint, model_from_checkpoint
 from common import HelpFormatter, check_device, fail
+from data import check_dataset
 from model import build_model
-from prepare import check_dataset
 
 
 def load(out_dir, ckpt, device, archs=("hrm",), need="the HLRole analyses need an HRM"):
@@ -97,7 +97,7 @@ def slow_module_frozen(model):
         yield
         return
     real = model.H_net.forward
-    model.H_net.forward = lambda z_H, z_L, rope, cache=None, cache_slot=0: z_H
+    model.H_net.forward = lambda z_H, z_L, *rest: z_H
     try:
         yield
     finally:

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from common import (DTYPES, HelpFormatter, auto_device, check_device, check_output_path, fail, precision_context,
                     sync, timed)
+import engine
 from flops import counted_train_flops, datasheet_tflops, measure_peak_tflops, train_flops
 from model import ModelConfig, build_model
 
@@ -118,11 +119,11 @@ def decode_weights(model, prompt):
     hooks = [m.register_forward_hook(lambda m, inp, out: ws.append(m.weight))
              for m in model.modules() if isinstance(m, torch.nn.Linear)]
     try:
-        cache = model.new_cache(1, max_len=prompt.size(1))
+        cache = engine.new_cache(model, 1, max_len=prompt.size(1))
         with torch.no_grad():
             model(prompt[:, :-1], cache=cache)
             ws.clear()
-            model(prompt[:, -1:], cache=cache, last_only=True)
+            model(prompt[:, -1:], cache=cache, pos=prompt.size(1) - 1, last_only=True)
     finally:
         for h in hooks:
             h.remove()
@@ -155,10 +156,10 @@ def measure_inference(model, cfg, p, device, dtype, g, compile_forward):
     out["decode_weight_mb"] = sum(w.numel() * w.element_size() for w in ws) / 2**20
     out["gen_speedup_bound"] = (1 / out["gen_tok_s_recompute"]) / floor
     before = current_mb(device) if device.startswith("cuda") else None
-    cache = model.new_cache(1, max_len=PROMPT + GEN, dtype=dtype)
+    cache = engine.new_cache(model, 1, max_len=PROMPT + GEN, dtype=dtype)
     measured = cache.nbytes() if before is None else (current_mb(device) - before) * 2**20
     out["kv_cache_mb"] = measured / 2**20
-    out["kv_cache_formula_mb"] = model.kv_cache_bytes(PROMPT + GEN, dtype=dtype) / 2**20
+    out["kv_cache_formula_mb"] = engine.kv_cache_bytes(model, PROMPT + GEN, dtype=dtype) / 2**20
     return out
 
 

@@ -17,6 +17,8 @@ Each function takes what it needs as arguments, so every script (and a test) can
   find_checkpoint  init_from=<file or out_dir>: the checkpoint a new run starts from
   check_resume     what differs between a checkpoint and the settings of the run resuming it
   append_log, trim_log, read_log
+  start_run, Run   train.py's run: every check before work, one line per problem; what a resume restores
+                   (load_weights, restore); the saves of ckpt.pt and ckpt_last.pt (save)
 """
 
 import fcntl
@@ -27,8 +29,11 @@ import shutil
 import sys
 import time
 
+from dataclasses import dataclass, field
+
 import torch
 
+from common import IO_ERROR, fail
 from model import MODEL_FIELDS, ModelConfig, build_model
 
 CKPT_BEST, CKPT_LAST, CKPT_LAST_DCP, LOG, LOCK = "ckpt.pt", "ckpt_last.pt", "ckpt_last.dcp", "log.jsonl", ".lock"
@@ -121,11 +126,9 @@ def intact(out_dir):
 
 def stop_on_write_error(what, iter_num, e, out_dir, prog="train.py"):
     """A write that failed (a full disk) ends the run at once, with one line naming what is still intact
-    (os._exit: nothing that could block on a collective; torchrun stops the other ranks). Exit status 1."""
+    (now: nothing that could block on a collective runs; torchrun stops the other ranks). Exit status 1."""
     reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{one_line(e)} (is the disk full?)"
-    sys.stderr.write(f"{prog}: error: cannot {what} at iter {iter_num}: {reason}; {intact(out_dir)}\n")
-    sys.stderr.flush()
-    os._exit(1)
+    fail(f"cannot {what} at iter {iter_num}: {reason}; {intact(out_dir)}", IO_ERROR, prog, now=True)
 
 
 def find_checkpoint(path):
@@ -406,3 +409,167 @@ def read_log(out_dir):
                          "; train.py writes one per evaluation")
     by_iter = {r["iter"]: r for r in rows}
     return [by_iter[i] for i in sorted(by_iter)], skipped
+
+
+# --- train.py's run: every check before work (start_run), what a resume restores, and the saves ----------
+
+@dataclass
+class Run:
+    """A train.py run whose every check has passed. The counters at the end are what ckpt_last.pt keeps and a
+    resume continues; the rest is fixed for the run."""
+    config: dict             # the settings (micro-batches fitted to the world size; vocab_size the dataset's)
+    ranks: object            # parallel.Ranks: this process among torchrun's (or alone)
+    dtype: str               # "auto" resolved
+    splits: dict             # the dataset's train/val tokens, memory-mapped (data.open_dataset)
+    meta: dict               # its meta.json (None where there is none)
+    model_args: dict         # the ModelConfig fields, as checkpoints keep them
+    source: str = None       # the checkpoint the weights come from (None: from scratch)
+    ckpt: dict = None        # that checkpoint, loaded; each part dropped once applied
+    lock: object = None      # out_dir's flock, held until the process ends: one run per out_dir
+    wandb: object = None     # the Weights & Biases run (wandb_log), on the master
+    iter_num: int = 0
+    best_val_loss: float = float("inf")   # from the step-0 evaluation: a "good" model must beat the initial one
+    best_iter: int = None
+    skipped_total: int = 0   # non-finite iterations skipped so far
+    eval_pending: bool = False   # a signal stopped the evaluation of iter_num: the resume does it first
+    notes: list = field(default_factory=list)   # printed once every check has passed (restore)
+
+    @property
+    def resume(self):
+        return self.config["init_from"] == "resume"
+
+    def save(self, path, model, optimizer):
+        """ckpt.pt (the best model, for sampling) holds the weights and settings; ckpt_last.pt (for resume) also
+        the AdamW state and the counters: one file the master writes atomically, or under FSDP ckpt_last.dcp, the
+        shards every rank writes at once. Every rank calls it (FSDP gathers ckpt.pt's weights to the master)."""
+        import parallel
+        c, master, fsdp = self.config, self.ranks.master, self.config["fsdp"]
+        info = {"model_args": self.model_args, "config": c, "iter_num": self.iter_num,
+                "best_val_loss": self.best_val_loss, "best_iter": self.best_iter, "meta": self.meta}
+        last = os.path.basename(path) == CKPT_LAST
+        if last:
+            info.update(skipped_total=self.skipped_total, eval_pending=self.eval_pending)
+            if fsdp:
+                return save_sharded(os.path.join(c["out_dir"], CKPT_LAST_DCP), model, optimizer, info, master)
+        model_sd = parallel.full_weights(model, self.ranks, fsdp) if master or fsdp else None   # FSDP: a collective
+        if master:
+            save_checkpoint(path, dict(info, model=model_sd, **({"optimizer": optimizer.state_dict()} if last else {})))
+
+    def load_weights(self, model):
+        """A single-file checkpoint's weights into the model (before it is moved or sharded), dropped from the
+        checkpoint at once (its memory too). A sharded one's come with the optimizer (restore)."""
+        if self.ckpt is not None and "model" in self.ckpt:
+            try:
+                model.load_state_dict(self.ckpt.pop("model"))
+            except RuntimeError as e:   # a missing key, a tensor of another shape: named in the one line
+                return [f"{self.source} does not fit this model: {one_line(e)}"]
+        return []
+
+    def restore(self, model, optimizer, errors):
+        """The rest of the start once the model and optimizer exist: the checkpoint's AdamW state (a sharded one's
+        weights too) and, to resume, its counters, dropping what a killed run logged after it; wandb. Stops every
+        rank on any error (`errors`: load_weights', one line each), else prints the notes (on the master)."""
+        import parallel
+        c, master = self.config, self.ranks.master
+        if self.ckpt is not None and not errors:
+            try:
+                parallel.restore(model, optimizer, self.ckpt, self.source, self.resume, c["fsdp"])
+                if self.resume and master:
+                    trim_log(c["out_dir"], self.ckpt["iter_num"])
+            except ValueError as e:
+                errors.append(str(e))
+        if c["wandb_log"] and master and not errors:
+            import wandb
+            try:   # out_dir/wandb; WANDB_MODE=offline needs no account
+                self.wandb = wandb.init(project=c["wandb_project"], config=c, dir=c["out_dir"],
+                                        name=c["wandb_run_name"] or os.path.basename(os.path.abspath(c["out_dir"])))
+            except Exception as e:   # e.g. not logged in
+                errors.append(f"wandb_log=True but wandb.init failed: {one_line(e)}")
+        parallel.stop_on_errors(errors, self.ranks)
+        log = (lambda line: print(line, flush=True)) if master else (lambda line: None)
+        for note in self.notes:
+            log(note)
+        if self.ckpt is not None and not self.resume:   # a new run from these weights: a fresh optimizer and schedule
+            log(f"starting from the weights of {self.source} (iter {self.ckpt['iter_num']})")
+        elif self.ckpt is not None:   # where the run stopped
+            for k in ("iter_num", "best_val_loss", "best_iter", "skipped_total", "eval_pending"):
+                setattr(self, k, self.ckpt.get(k, getattr(self, k)))
+        self.ckpt = None
+
+
+def start_run(config):
+    """Everything train.py can check before any work, in order: the device and process group, the settings,
+    the dataset, the model's settings, wandb; then whether out_dir already holds this very run, finished (say so
+    and exit 0); out_dir's lock; the checkpoint to start from and, to resume, whether it fits these settings.
+    Each problem is one line and every rank stops on them together (exit status 2: common.fail); else the Run,
+    with its checkpoint loaded (weights not yet applied) and the errors and notes left for Run.restore."""
+    import data
+    import parallel
+    from common import auto_device, auto_dtype, check_device, fail
+    from configurator import check_train_settings
+    c = config
+    try:
+        device = check_device(auto_device(c["device"]))
+    except ValueError as e:
+        fail(str(e), prog="train.py")
+    ranks = parallel.init_process_group(device)   # one process, or one rank of torchrun's (DDP/FSDP)
+    dtype = auto_dtype(c["dtype"], "cuda" if ranks.device.startswith("cuda") else "cpu")
+    errors = check_train_settings(dict(c, dtype=dtype), ranks.ddp)   # ranges, choices, combinations
+    resume, notes = c["init_from"] == "resume", []   # notes: printed once every check has passed
+    if not resume:   # a new run on more ranks than its config was written for splits its micro-batches
+        try:         # (parallel.micro_batches); a resumed run keeps its checkpoint's (below)
+            accum, batch, note = parallel.micro_batches(c["gradient_accumulation_steps"], c["batch_size"],
+                                                        ranks.world_size)
+            c.update(gradient_accumulation_steps=accum, batch_size=batch)
+            notes += [note] if note else []
+        except ValueError as e:
+            errors.append(str(e))
+    splits, meta = {}, None
+    try:   # the files checked against meta.json, and each split long enough for block_size
+        splits, meta = data.open_dataset(c["data_dir"], c["dataset"], c["block_size"], c["vocab_size"])
+    except ValueError as e:
+        errors.append(str(e))
+    c["vocab_size"] = meta["vocab_size"] if meta else c["vocab_size"] or 50257   # the dataset's
+    model_args = {k: c[k] for k in MODEL_FIELDS}
+    try:
+        ModelConfig(**model_args)
+    except ValueError as e:
+        errors.append(str(e))
+    if c["wandb_log"] and ranks.master:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            errors.append("wandb_log=True needs the wandb package: pip install wandb (or leave wandb_log off)")
+    run = Run(c, ranks, dtype, splits, meta, model_args, notes=notes)
+    out_dir = c["out_dir"]
+    finished = not resume and not c["overwrite"] and not c["eval_only"] and not errors and finished_run(out_dir, c)
+    if finished and ranks.master:   # the same command again: say so, touch nothing
+        print(f"{out_dir} holds this run, finished ({finished}): nothing to do; sample it with "
+            f"python sample.py --out_dir={out_dir}, or train it again with --overwrite=True", flush=True)
+    if finished:
+        sys.exit(parallel.end_process_group(ranks))
+    if ranks.master and not errors:
+        run.lock, problem = take_out_dir(out_dir, "resume" if resume else "scratch", c["overwrite"], c["eval_only"])
+        errors += [problem] if problem else []
+    parallel.stop_on_errors(errors, ranks)
+    if c["init_from"] != "scratch":   # every rank loads it: ckpt_last.pt to resume, or the weights a new run starts from
+        try:
+            run.source = resume_path(out_dir) if resume else find_checkpoint(c["init_from"])
+            run.ckpt = load_checkpoint(run.source)
+        except ValueError as e:
+            errors.append(str(e))
+    if resume and run.ckpt is not None:
+        saved = tuple(run.ckpt.get("config", {}).get(k, c[k]) for k in ("gradient_accumulation_steps", "batch_size"))
+        try:
+            accum, batch, note = parallel.micro_batches(c["gradient_accumulation_steps"], c["batch_size"],
+                                                        ranks.world_size, saved)
+            c.update(gradient_accumulation_steps=accum, batch_size=batch)
+            notes += [note] if note else []
+        except ValueError as e:
+            errors.append(str(e))
+        problems, changed = check_resume(run.ckpt, run.source, model_args, c, meta)
+        errors += problems
+        if changed:
+            notes.append("note: resuming with changed settings (the schedule, not the data): " + ", ".join(changed))
+    parallel.stop_on_errors(errors, ranks)
+    return run

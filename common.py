@@ -1,8 +1,13 @@
 """
-What every script shares: its one-line errors, the "auto" device and dtype settings, and timing.
+What every script shares: its one way to stop on an error, the "auto" device and dtype settings, and timing.
 
-A script stops on bad input with one line, "<script>.py: error: <what is wrong and how to fix it>", and
-exit status 2, before it writes anything: fail().
+Every script stops on an error through fail(): one line, "<script>.py: error: <what is wrong and how to fix
+it>", and one of these exit statuses (docs/TRAINING.md, "Exit statuses"):
+
+    1        I/O: a write failed (a full disk); what is still intact is named
+    2        bad input: a setting, a file or a dataset no run can use; nothing was written
+    3        diverged: train.py saw max_nonfinite non-finite iterations in a row
+    128 + n  stopped by signal n (130 Ctrl-C, 143 SIGTERM); train.py saved first
 """
 
 import argparse
@@ -13,30 +18,37 @@ from contextlib import nullcontext
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+IO_ERROR, BAD_INPUT, DIVERGED, SIGNALLED = 1, 2, 3, 128   # exit statuses; a signal n exits with 128 + n
 
 
 class Failure(SystemExit):
-    """A script's one-line error: exit status 2, and str() is the line."""
+    """A script's stop: SystemExit with the exit status, and str() is its line(s)."""
 
-    def __init__(self, line):
-        super().__init__(2)
+    def __init__(self, line, code=BAD_INPUT):
+        super().__init__(code)
         self.line = line
 
     def __str__(self):
         return self.line
 
 
-def fail(msg, prog=None):
-    """Stop with one line, '<prog>: error: <msg>' (prog: the calling file, train.py, plot.py, ...). Called by
-    the script being run, the line goes to stderr and the exit status is 2 (Failure). Called from a module
-    another program imported (a test, docs/sweep.py), nothing is printed: the caller gets a SystemExit whose
-    str() is the line, to handle or let through (then Python prints it)."""
-    caller = sys._getframe(1)
-    line = f"{prog or os.path.basename(caller.f_code.co_filename)}: error: {msg}"
-    if caller.f_globals.get("__name__") != "__main__":
+def fail(msg, code=BAD_INPUT, prog=None, show=True, now=False):
+    """Stop with '<prog>: error: <msg>' (msg a list: one line each) and exit status `code` (the table above).
+    prog: the script being run (default: the calling file's name, train.py, plot.py, ...); show=False stops
+    without a line (a torchrun rank other than 0, which prints for all); now=True leaves at once (os._exit),
+    past anything that could block on a collective (a failed write: torchrun stops the other ranks).
+    Called from a module another program imported (a test, docs/sweep.py), nothing is printed: the caller
+    gets a SystemExit whose str() is the line, to handle or let through (then Python prints it)."""
+    prog = prog or os.path.basename(sys._getframe(1).f_code.co_filename)
+    line = "\n".join(f"{prog}: error: {m}" for m in ([msg] if isinstance(msg, str) else msg))
+    main = os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "")
+    if main != prog:
         raise SystemExit(line)
-    print(line, file=sys.stderr, flush=True)
-    raise Failure(line)
+    if show:
+        print(line, file=sys.stderr, flush=True)
+    if now:
+        os._exit(code)
+    raise Failure(line, code)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

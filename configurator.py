@@ -21,6 +21,8 @@ import sys
 import traceback
 import types
 
+from common import fail
+
 
 class ConfigError(ValueError):
     pass
@@ -140,7 +142,7 @@ def print_help(doc, settings, prog):
 
 
 def configure(scope, argv=None, prog=None):
-    """apply_config on a script's globals; on error print one line and exit(2)."""
+    """apply_config on a script's globals; on error one line and exit status 2 (common.fail)."""
     settings = read_settings(scope["__file__"])
     keys = {k: scope[k] for k in settings}   # the settings block: nothing imported, no helper
     argv = sys.argv[1:] if argv is None else argv
@@ -150,8 +152,7 @@ def configure(scope, argv=None, prog=None):
     try:
         apply_config(argv, keys)
     except ConfigError as e:
-        print(f"{prog or os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e), prog=prog or os.path.basename(sys.argv[0]))
     scope.update(keys)
     return keys
 

@@ -1,11 +1,12 @@
 """
-Cached decoding (docs/MODEL.md section 5), which the paper describes but never built: a preallocated KV
-cache and the sampling loop, in the manner of nanochat's engine.py.
+Cached decoding (docs/MODEL.md section 5), which the paper sizes (Eq. kv_hrm) but never built: a preallocated
+KV cache and the sampling loop, in the manner of nanochat's engine.py and gpt-fast (positions passed explicitly).
 
 A shared block sees a different input at every step, so every block *application* keeps its own keys and
 values: 1 + S M + S N slots for HRM, L for the Transformer, M for UniTF. Each model numbers its
 applications (model.py: n_cache_apps, HRM.fast_cache_slot, HRM.slow_cache_slot) and its attention writes
-the slot it is given, with RoPE offset by the cache length (CausalSelfAttention.forward). Since each step's
+the slot it is given at the position it is given, pos (CausalSelfAttention.forward): the caller says where
+its tokens are, model(idx, cache=cache, pos=pos), and nothing in the cache counts them. Since each step's
 attention reads only the same step's keys at earlier positions, cached logits equal the full forward's.
 """
 
@@ -15,8 +16,7 @@ import torch.nn.functional as F
 
 class KVCache:
     """Preallocated keys and values, one slot per block application: slot `slot` holds the keys and
-    values of application number `slot`. `pos` is how many positions are already cached; the model
-    advances it after a forward."""
+    values of application number `slot`, position by position."""
 
     def __init__(self, n_apps, batch_size, n_head, max_len, head_dim, device, dtype):
         shape = (n_apps, batch_size, n_head, max_len, head_dim)
@@ -24,17 +24,16 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)  # views, made once: decoding is op-bound
         self.max_len = max_len
-        self.pos = 0
 
-    def update(self, slot, k, v):
-        """Write keys/values (B, H, t, hd) of positions pos..pos+t for one application, return all so far."""
+    def update(self, slot, pos, k, v):
+        """Write keys/values (B, H, t, hd) of positions pos..pos+t for one application, return its 0..pos+t."""
         t = k.size(2)
-        if self.pos + t > self.max_len:
-            raise ValueError(f"KV cache full: {self.pos} + {t} > {self.max_len}")
+        if pos + t > self.max_len:
+            raise ValueError(f"KV cache full: {pos} + {t} > {self.max_len}")
         k_slot, v_slot = self.k_slots[slot], self.v_slots[slot]
-        k_slot.narrow(2, self.pos, t).copy_(k)  # copy_ converts to the cache's dtype
-        v_slot.narrow(2, self.pos, t).copy_(v)
-        return k_slot.narrow(2, 0, self.pos + t), v_slot.narrow(2, 0, self.pos + t)
+        k_slot.narrow(2, pos, t).copy_(k)  # copy_ converts to the cache's dtype
+        v_slot.narrow(2, pos, t).copy_(v)
+        return k_slot.narrow(2, 0, pos + t), v_slot.narrow(2, 0, pos + t)
 
     def nbytes(self):
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
@@ -72,13 +71,13 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=Tr
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     bs = model.config.block_size
-    cache = model.new_cache(idx.size(0), max_len=idx.size(1) + max_new_tokens) if use_cache else None
-    next_input = idx[:, -bs:]          # what the next forward must process
+    cache = new_cache(model, idx.size(0), max_len=idx.size(1) + max_new_tokens) if use_cache else None
+    next_input, pos = idx[:, -bs:], 0  # what the next forward must process, and its first position
     for _ in range(max_new_tokens):
-        if cache is not None and cache.pos + next_input.size(1) > cache.max_len:
-            cache.pos = 0                  # rebuild from the cropped context
-            next_input = idx[:, -bs:]
-        logits, _ = model(next_input, cache=cache, last_only=True)
+        if cache is not None and pos + next_input.size(1) > cache.max_len:
+            next_input, pos = idx[:, -bs:], 0   # rebuild from the cropped context
+        logits, _ = model(next_input, cache=cache, pos=pos, last_only=True)
+        pos = pos + next_input.size(1) if cache is not None else 0   # no cache: every forward starts at 0
         logits = logits[:, -1, :].float()
         if temperature == 0:
             idx_next = logits.argmax(dim=-1, keepdim=True)

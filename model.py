@@ -3,15 +3,20 @@ HRM-LM, the Transformer and the Universal Transformer (UniTF), in one file, in t
 Read it beside the paper ("Hierarchical vs. Flat Iteration in Shared-Weight Transformers") and
 docs/MODEL.md, which maps every equation to the code below and says how we resolve the paper's slips.
 
-  section of this file                          the paper                               docs/MODEL.md
-  1. CausalAttnBlock (RMSNorm, RoPE, SwiGLU)    Eq. causal_attn                         section 1
-  2. the Fast module L_net                      Eqs. concat, gate, content, lgate       section 2
-  3. the Slow module H_net                      section "Slow-Module Update"            section 2
-  4. the output fusion                          section "Output Fusion"                 section 2
-  5. HRM: HRM.forward, HRM.one_pass             Algorithms 2 and 3                      sections 2, 4
-  6. Transformer (L blocks), UniTF (1 block x M) the baselines, appendix "UniTF"        sections 3, 4
-  7. each application's KV-cache slot          cached decoding (engine.py), not in the paper  section 5
+  section of this file                          the paper (section; equation)             docs/MODEL.md
+  1. CausalAttnBlock (RMSNorm, RoPE, SwiGLU)    "Architecture Overview"; Eq. causal_attn  section 1
+  2. LanguageModel: W_emb, the tied logits      "Input Encoding"; "Output Fusion"         sections 2, 3
+  3. the Fast module L_net                      "Gated Fast-Module Update"; Eqs. concat,  section 2
+                                                gate, content, lgate
+  4. the Slow module H_net                      "Slow-Module Update"                      section 2
+  5. the output fusion                          "Output Fusion"                           section 2
+  6. HRM: input encoding, z^0, sg, L_acc,       "Input Encoding"; "State Initialization   sections 2, 4
+     HRM.forward and HRM.one_pass               and Supervision Passes"; Eq. detach;
+                                                Algorithms 2 and 3
+  7. Transformer (L blocks), UniTF (1 block x M) Eqs. tfm1-2; appendix "UniTF"            sections 3, 4
 
+The paper sizes the KV cache (Eq. kv_hrm) but never built cached decoding: engine.py does, and each
+attention here takes the cache, its application's slot and the position of its first token (pos).
 Options beyond the paper (docs/MODEL.md section 8), each a ModelConfig field whose default is the paper:
 norm, fast_only, K_slow, grad_ckpt, fast_attn_steps. Chunked BPTT is S = M/C passes of C steps, K = C.
 set_depth runs the same weights at another depth (train.py's random_depth).
@@ -27,8 +32,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import engine
-from configurator import ARCHS, check_model_config
-
+from configurator import check_model_config
 
 
 @dataclass
@@ -108,21 +112,22 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.proj = nn.Linear(d, d, bias=False)
 
-    def forward(self, x, rope, cache=None, cache_slot=0):
+    def forward(self, x, rope, pos=0, cache=None, slot=0):
+        """x: positions pos..pos+t of the sequence; with a cache (engine.py), its slot `slot` already holds
+        this application's keys and values of positions 0..pos, and these t are written after them."""
         B, t, d = x.shape
         qkv = self.qkv(x).view(B, t, 3, self.n_head, d // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, H, t, hd)
-        pos = cache.pos if cache is not None else 0
-        cos, sin_rot = rope[0][pos:pos + t], rope[1][pos:pos + t]  # positions offset by the cache length
+        cos, sin_rot = rope[0][pos:pos + t], rope[1][pos:pos + t]  # RoPE at the tokens' own positions
         if cos.dtype != qkv.dtype:
             cos, sin_rot = cos.to(qkv.dtype), sin_rot.to(qkv.dtype)
         q, k = apply_rope(qkv[:2], cos, sin_rot).unbind(0)         # q and k rotated together
         v = qkv[2]
         if cache is None or pos == 0:
             if cache is not None:
-                cache.update(cache_slot, k, v)
+                cache.update(slot, pos, k, v)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            k, v = cache.update(cache_slot, k, v)
+            k, v = cache.update(slot, pos, k, v)
             if k.dtype != q.dtype:
                 k, v = k.to(q.dtype), v.to(q.dtype)
             # one new token sees every cached position; a chunk of t needs the offset causal mask
@@ -160,96 +165,33 @@ class CausalAttnBlock(nn.Module):
         self.mlp = SwiGLU(d)
         self.norm2 = RMSNorm(d)
 
-    def forward(self, x, rope, cache=None, cache_slot=0):
-        """cache_slot: this application's slot in the KV cache. cache_slot=None skips the attention sublayer, a = 0
-        (fast_attn_steps, docs/MODEL.md section 8): x' = RMSNorm(x) post-norm, x' = x pre-norm; the rest is
-        unchanged, so the block becomes position-wise and needs no cache."""
+    def forward(self, x, rope, pos=0, cache=None, slot=0, attend=True):
+        """attend=False skips the attention sublayer, a = 0 (fast_attn_steps, docs/MODEL.md section 8):
+        x' = RMSNorm(x) post-norm, x' = x pre-norm; the rest is unchanged, so the block becomes position-wise
+        and needs no cache."""
         if self.pre:
-            if cache_slot is not None:
-                x = x + self.attn(self.norm1(x), rope, cache, cache_slot)
+            if attend:
+                x = x + self.attn(self.norm1(x), rope, pos, cache, slot)
             return x + self.mlp(self.norm2(x))
-        x = self.norm1(x if cache_slot is None else x + self.attn(x, rope, cache, cache_slot))   # x'
+        x = self.norm1(x + self.attn(x, rope, pos, cache, slot) if attend else x)   # x' (Eq. causal_attn)
         return self.norm2(x + self.mlp(x))                                          # x''
 
 
 # ---------------------------------------------------------------------------
-# 2. The Fast module f_L (Eqs. concat, gate, content, lgate)
-#    c = RMSNorm([z_L; z_H; x~]);  g = sigmoid(c W_g^L);  h = Block(c W_in; theta_L)
-#    z_L <- g * z_L + (1 - g) * alpha * h W_out
-# 3. The Slow module f_H (section "Slow-Module Update"), the same gated form on
-#    c_H = RMSNorm([z_H; z_L]) -- no x~: tokens reach the Slow module only through z_L.
+# 2. What the three models share (docs/MODEL.md sections 2-4): the token embedding W_emb of
+#    "Input Encoding", e = W_emb[x], and the weight-tied logits of "Output Fusion",
+#    logits = h_out W_emb^T; the RoPE tables; the init; the CE loss
 # ---------------------------------------------------------------------------
-
-class GatedModule(nn.Module):
-    """One gated recurrent update: the Fast module (n_in=3) or the Slow module (n_in=2)."""
-
-    def __init__(self, d, n_head, n_in, norm="post", attn=True):
-        super().__init__()
-        self.norm = RMSNorm(n_in * d)
-        self.gate = nn.Linear(n_in * d, d, bias=False)      # W_g
-        self.proj_in = nn.Linear(n_in * d, d, bias=False)   # W_in
-        self.block = CausalAttnBlock(d, n_head, norm, attn)  # theta_L or theta_H, shared over steps
-        self.proj_out = nn.Linear(d, d, bias=False)         # W_out
-        self.alpha = nn.Parameter(torch.tensor(0.1))        # injection scale, learned
-
-    def forward(self, z, context, rope, cache=None, cache_slot=0):
-        """z: the state this module updates; context: [z; other sources] along the last dim."""
-        c = self.norm(torch.cat(context, dim=-1))   # Eq. concat; the RMSNorm over it: docs/MODEL.md section 2
-        g = torch.sigmoid(self.gate(c))              # Eq. gate
-        h = self.block(self.proj_in(c), rope, cache, cache_slot)   # Eq. content
-        return g * z + (1 - g) * self.alpha * self.proj_out(h)      # Eq. lgate
-
-
-class FastModule(GatedModule):
-    """L_net: runs every step; context [z_L; z_H; x~] (Eq. concat)."""
-
-    def __init__(self, d, n_head, norm="post", attn=True):
-        super().__init__(d, n_head, n_in=3, norm=norm, attn=attn)
-
-    def forward(self, z_L, z_H, x_tilde, rope, cache=None, cache_slot=0):
-        return super().forward(z_L, (z_L, z_H, x_tilde), rope, cache, cache_slot)
-
-
-class SlowModule(GatedModule):
-    """H_net: fires when i % T == 0; context [z_H; z_L] with the z_L just computed."""
-
-    def __init__(self, d, n_head, norm="post"):
-        super().__init__(d, n_head, n_in=2, norm=norm)
-
-    def forward(self, z_H, z_L, rope, cache=None, cache_slot=0):
-        return super().forward(z_H, (z_H, z_L), rope, cache, cache_slot)
-
-
-# ---------------------------------------------------------------------------
-# 4. Output fusion (section "Output Fusion")
-#    w = softmax([h_H; h_L; h_I] W_og / tau);  h_out = w1 h_H + w2 h_L + w3 h_I
-# ---------------------------------------------------------------------------
-
-class OutputFusion(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.norm_H, self.norm_L, self.norm_I = RMSNorm(d), RMSNorm(d), RMSNorm(d)
-        self.gate = nn.Linear(3 * d, 3, bias=False)       # W_og
-        self.tau = nn.Parameter(torch.tensor(1.0))        # learned temperature
-        self.proj = nn.Linear(d, d, bias=False)           # before the tied logits (counted in P_out)
-
-    def forward(self, z_H, z_L, x_tilde):
-        h_H, h_L, h_I = self.norm_H(z_H), self.norm_L(z_L), self.norm_I(x_tilde)
-        w = torch.softmax(self.gate(torch.cat([h_H, h_L, h_I], dim=-1)) / self.tau, dim=-1)  # (B, n, 3)
-        out = w[..., 0:1] * h_H + w[..., 1:2] * h_L + w[..., 2:3] * h_I
-        return self.proj(out), w
-
-
-# --- Shared by all three models: tied embedding, RoPE table, init, the tied head, cache slots (7) -------
 
 class LanguageModel(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = self.trained_config = config   # config: the depth the next forward runs (set_depth)
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)   # W_emb
         cos, sin_rot = rope_table(config.block_size, config.n_embd // config.n_head)
         self.register_buffer("rope_cos", cos, persistent=False)  # derived, not in the state_dict
         self.register_buffer("rope_sin_rot", sin_rot, persistent=False)
+        self.norm_f = None   # a final RMSNorm before the logits: the baselines' under norm="pre" only
 
     @property
     def rope(self):
@@ -273,7 +215,7 @@ class LanguageModel(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def n_cache_apps(self):
-        """How many attending block applications one forward makes (= KV caches needed)."""
+        """How many attending block applications one forward makes (= KV cache slots, engine.py)."""
         raise NotImplementedError
 
     def set_depth(self, n=None):
@@ -292,20 +234,9 @@ class LanguageModel(nn.Module):
             return checkpoint(module, *args, use_reentrant=False)
         return module(*args)
 
-    # 7. cached decoding: the cache and the sampling loop are engine.py's (docs/MODEL.md section 5)
-    def kv_cache_bytes(self, seq_len, batch_size=1, dtype=torch.float32):
-        return engine.kv_cache_bytes(self, seq_len, batch_size, dtype)
-
-    def new_cache(self, batch_size, max_len=None, dtype=None):
-        return engine.new_cache(self, batch_size, max_len, dtype)
-
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        return engine.generate(self, idx, max_new_tokens, temperature, top_k, use_cache)
-
-    def _tied_head(self, x, targets, cache, last_only):
-        """After the last block: advance the cache past these positions, tied logits, CE loss."""
-        if cache is not None:
-            cache.pos += x.size(1)
+    def head(self, x, targets=None, last_only=False):
+        """The weight-tied logits x W_emb^T (the only place they are computed) and, given targets, the CE loss.
+        last_only: the last position's logits alone (decoding)."""
         if last_only:
             x = x[:, -1:]
         if self.norm_f is not None:   # norm="pre" only (docs/MODEL.md section 8)
@@ -314,12 +245,85 @@ class LanguageModel(nn.Module):
         return logits, (self.cross_entropy(logits, targets) if targets is not None else None)
 
     def cross_entropy(self, logits, targets):
-        """Mean CE over the positions whose target is not -1, in float32 even under autocast."""
+        """CE(logits, Y): mean over the positions whose target is not -1, in float32 even under autocast."""
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """idx (B, t) and max_new_tokens sampled after it, as nanoGPT's; the decoding itself is engine.py's."""
+        return engine.generate(self, idx, max_new_tokens, temperature, top_k, use_cache)
 
 
 # ---------------------------------------------------------------------------
-# 5. HRM (docs/MODEL.md section 2): input encoding, Algorithm 2 (forward), Algorithm 3 (one pass)
+# 3. The Fast module f_L (section "Gated Fast-Module Update"; Eqs. concat, gate, content, lgate)
+#    c = RMSNorm([z_L; z_H; x~]);  g = sigmoid(c W_g^L);  h = Block(c W_in; theta_L)
+#    z_L <- g * z_L + (1 - g) * alpha * h W_out
+# 4. The Slow module f_H (section "Slow-Module Update"), the same gated form on
+#    c_H = RMSNorm([z_H; z_L]) -- no x~: tokens reach the Slow module only through z_L.
+# ---------------------------------------------------------------------------
+
+class GatedModule(nn.Module):
+    """One gated recurrent update: the Fast module (n_in=3) or the Slow module (n_in=2)."""
+
+    def __init__(self, d, n_head, n_in, norm="post", attn=True):
+        super().__init__()
+        self.norm = RMSNorm(n_in * d)
+        self.gate = nn.Linear(n_in * d, d, bias=False)      # W_g
+        self.proj_in = nn.Linear(n_in * d, d, bias=False)   # W_in
+        self.block = CausalAttnBlock(d, n_head, norm, attn)  # theta_L or theta_H, shared over steps
+        self.proj_out = nn.Linear(d, d, bias=False)         # W_out
+        self.alpha = nn.Parameter(torch.tensor(0.1))        # injection scale, learned
+
+    def forward(self, z, context, rope, pos=0, cache=None, slot=0, attend=True):
+        """z: the state this module updates; context: [z; other sources] along the last dim."""
+        c = self.norm(torch.cat(context, dim=-1))   # Eq. concat; the RMSNorm over it: docs/MODEL.md section 2
+        g = torch.sigmoid(self.gate(c))              # Eq. gate
+        h = self.block(self.proj_in(c), rope, pos, cache, slot, attend)   # Eq. content
+        return g * z + (1 - g) * self.alpha * self.proj_out(h)             # Eq. lgate
+
+
+class FastModule(GatedModule):
+    """L_net: runs every step; context [z_L; z_H; x~] (Eq. concat)."""
+
+    def __init__(self, d, n_head, norm="post", attn=True):
+        super().__init__(d, n_head, n_in=3, norm=norm, attn=attn)
+
+    def forward(self, z_L, z_H, x_tilde, rope, pos=0, cache=None, slot=0, attend=True):
+        return super().forward(z_L, (z_L, z_H, x_tilde), rope, pos, cache, slot, attend)
+
+
+class SlowModule(GatedModule):
+    """H_net: fires when i % T == 0; context [z_H; z_L] with the z_L just computed."""
+
+    def __init__(self, d, n_head, norm="post"):
+        super().__init__(d, n_head, n_in=2, norm=norm)
+
+    def forward(self, z_H, z_L, rope, pos=0, cache=None, slot=0):
+        return super().forward(z_H, (z_H, z_L), rope, pos, cache, slot)
+
+
+# ---------------------------------------------------------------------------
+# 5. Output fusion (section "Output Fusion")
+#    w = softmax([h_H; h_L; h_I] W_og / tau);  h_out = w1 h_H + w2 h_L + w3 h_I
+# ---------------------------------------------------------------------------
+
+class OutputFusion(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm_H, self.norm_L, self.norm_I = RMSNorm(d), RMSNorm(d), RMSNorm(d)
+        self.gate = nn.Linear(3 * d, 3, bias=False)       # W_og
+        self.tau = nn.Parameter(torch.tensor(1.0))        # learned temperature
+        self.proj = nn.Linear(d, d, bias=False)           # before the tied logits (counted in P_out)
+
+    def forward(self, z_H, z_L, x_tilde):
+        h_H, h_L, h_I = self.norm_H(z_H), self.norm_L(z_L), self.norm_I(x_tilde)
+        w = torch.softmax(self.gate(torch.cat([h_H, h_L, h_I], dim=-1)) / self.tau, dim=-1)  # (B, n, 3)
+        out = w[..., 0:1] * h_H + w[..., 1:2] * h_L + w[..., 2:3] * h_I                      # h_out
+        return self.proj(out), w
+
+
+# ---------------------------------------------------------------------------
+# 6. HRM (docs/MODEL.md section 2): input encoding, the states' init, Algorithm 2 (forward) with its
+#    supervision passes, Algorithm 3 (one pass)
 # ---------------------------------------------------------------------------
 
 def fast_attn_schedule(M, k):
@@ -338,14 +342,14 @@ def fast_attn_schedule(M, k):
 class HRM(LanguageModel):
     def __init__(self, config):
         super().__init__(config)
-        d, h, norm = config.n_embd, config.n_head, config.norm
-        self.input_block = CausalAttnBlock(d, h, norm)   # theta_I, applied once
-        self.L_net = FastModule(d, h, norm, attn=config.fast_attn_steps != 0)  # theta_L, every step
+        d, n_head, norm = config.n_embd, config.n_head, config.norm
+        self.input_block = CausalAttnBlock(d, n_head, norm)   # theta_I, applied once ("Input Encoding")
+        self.L_net = FastModule(d, n_head, norm, attn=config.fast_attn_steps != 0)  # theta_L, every step
         # theta_H, every T steps; the fast_only control has none, and z_H stays z_H0. The output
-        # fusion normalises each of its inputs, so HRM needs no extra final norm under norm="pre".
-        self.H_net = None if config.fast_only else SlowModule(d, h, norm)
+        # fusion normalises each of its inputs, so HRM needs no final norm (norm_f) under norm="pre".
+        self.H_net = None if config.fast_only else SlowModule(d, n_head, norm)
         self.fusion = OutputFusion(d)
-        # fixed prototypes z^0 ~ TN(0, 1, [-2, 2]): buffers, so saved but never trained
+        # "State Initialization": fixed prototypes z^0 ~ TN(0, 1; [-2, 2]) in R^d, buffers: saved, never trained
         self.register_buffer("z_H0", torch.empty(d))
         self.register_buffer("z_L0", torch.empty(d))
         self._init_weights()
@@ -378,34 +382,32 @@ class HRM(LanguageModel):
         """KV cache slot of Slow firing j (1..N) of pass s: after every pass's Fast slots."""
         return 1 + self.config.S * self.n_fast_apps + s * self.config.N + j - 1
 
-    def forward(self, idx, targets=None, cache=None, last_only=False):
-        """Algorithm 2. Returns (logits of the last pass, loss averaged over the S passes)."""
+    def forward(self, idx, targets=None, cache=None, pos=0, last_only=False):
+        """Algorithm 2. Returns (logits of the last pass, L_acc: the loss averaged over the S passes).
+        idx holds positions pos..pos+n (pos > 0: decoding against a cache, engine.py)."""
         c = self.config
-        x_tilde = self.input_block(self.wte(idx), self.rope, cache, cache_slot=0)   # computed once
+        x_tilde = self.input_block(self.wte(idx), self.rope, pos, cache, 0)   # "Input Encoding": once
         B, n, d = x_tilde.shape
+        z_H = self.z_H0.to(x_tilde.dtype).expand(B, n, d)                    # z^(1,0) = expand(z^0)
         z_L = self.z_L0.to(x_tilde.dtype).expand(B, n, d)
-        z_H = self.z_H0.to(x_tilde.dtype).expand(B, n, d)
-        loss = None
-        for s in range(c.S):
-            z_L, z_H = self.one_pass(x_tilde, z_L, z_H, s, cache)
+        L_acc = None
+        for s in range(c.S):                                                  # Loop 3: supervision passes
+            z_H, z_L = self.one_pass(x_tilde, z_H, z_L, s, pos, cache)
             if targets is not None or s == c.S - 1:
-                out, w = self.fusion(z_H, z_L, x_tilde)
-                if last_only:
-                    out = out[:, -1:]
-                logits = out @ self.wte.weight.T                          # tied projection
+                h_out, w = self.fusion(z_H, z_L, x_tilde)
+                logits, ce = self.head(h_out, targets, last_only)             # logits = h_out W_emb^T
                 if targets is not None:
-                    w_bar = w.float().mean(dim=(0, 1))                     # mean over batch and positions
-                    # 0 log 0 = 0: a weight of exactly 0 adds nothing (and no NaN to the gradient)
+                    w_bar = w.float().mean(dim=(0, 1))                         # w-bar: mean over batch and positions
+                    # H(w-bar); 0 log 0 = 0: a weight of exactly 0 adds nothing (and no NaN to the gradient)
                     entropy = -(w_bar * torch.log(w_bar.clamp_min(torch.finfo(w_bar.dtype).tiny))).sum()
-                    L_s = self.cross_entropy(logits, targets) - c.ent_lambda * entropy
-                    loss = L_s / c.S if loss is None else loss + L_s / c.S
-            z_L, z_H = z_L.detach(), z_H.detach()                         # sg(): no gradient across passes
-        if cache is not None:
-            cache.pos += n
-        return logits, loss
+                    L_s = ce - c.ent_lambda * entropy                          # L_s = CE - lambda H(w-bar)
+                    L_acc = L_s / c.S if L_acc is None else L_acc + L_s / c.S  # L_acc = (1/S) sum_s L_s
+            z_H, z_L = z_H.detach(), z_L.detach()                             # Eq. detach: z^(s+1,0) = sg(z^(s,M))
+        return logits, L_acc
 
-    def one_pass(self, x_tilde, z_L, z_H, s=0, cache=None):
-        """Algorithm 3: M steps; steps 1..M-K without gradient (Loop 4a), the last K with (Loop 4b).
+    def one_pass(self, x_tilde, z_H, z_L, s=0, pos=0, cache=None):
+        """Algorithm 3 (OnePass): M steps; steps 1..M-K without gradient (Loop 4a), the last K with (Loop 4b).
+        Returns z_H, z_L, as the paper's does.
 
         K_slow = k >= 1 (docs/MODEL.md section 8; the paper's "Hierarchical BPTT", section "Path to Large-Scale
         Validation") also applies Slow firings j > N - k with gradient. Exactly these carry gradient then:
@@ -422,17 +424,18 @@ class HRM(LanguageModel):
         grad = torch.is_grad_enabled()
         for i in range(1, c.M + 1):            # i counts from 1 in every pass
             in_window = grad and i > c.M - c.K
+            slot = self.fast_cache_slot(s, i)
             with torch.set_grad_enabled(in_window):
-                z_L = self._step(self.L_net, z_L, z_H, x_tilde, self.rope, cache, self.fast_cache_slot(s, i))
+                z_L = self._step(self.L_net, z_L, z_H, x_tilde, self.rope, pos, cache, slot, slot is not None)
             if i % c.T == 0 and self.H_net is not None:  # the Slow module sees the z_L just computed
                 j = i // c.T                             # firing j of N in this pass
                 with torch.set_grad_enabled(in_window or (grad and j > c.N - c.K_slow)):
-                    z_H = self._step(self.H_net, z_H, z_L, self.rope, cache, self.slow_cache_slot(s, j))
-        return z_L, z_H
+                    z_H = self._step(self.H_net, z_H, z_L, self.rope, pos, cache, self.slow_cache_slot(s, j))
+        return z_H, z_L
 
 
 # ---------------------------------------------------------------------------
-# 6. Baselines (docs/MODEL.md section 3)
+# 7. Baselines (docs/MODEL.md section 3): the Transformer (Eqs. tfm1-2) and UniTF (appendix "UniTF")
 # ---------------------------------------------------------------------------
 
 class Transformer(LanguageModel):
@@ -448,11 +451,11 @@ class Transformer(LanguageModel):
     def n_cache_apps(self):
         return self.config.n_layer
 
-    def forward(self, idx, targets=None, cache=None, last_only=False):
+    def forward(self, idx, targets=None, cache=None, pos=0, last_only=False):
         x = self.wte(idx)
         for l, block in enumerate(self.blocks):
-            x = block(x, self.rope, cache, cache_slot=l)
-        return self._tied_head(x, targets, cache, last_only)
+            x = block(x, self.rope, pos, cache, l)
+        return self.head(x, targets, last_only)
 
 
 class UniTF(LanguageModel):
@@ -469,14 +472,14 @@ class UniTF(LanguageModel):
     def n_cache_apps(self):
         return self.config.M
 
-    def forward(self, idx, targets=None, cache=None, last_only=False):
+    def forward(self, idx, targets=None, cache=None, pos=0, last_only=False):
         c = self.config
         x = self.wte(idx)
         grad = torch.is_grad_enabled()
         for i in range(1, c.M + 1):
             with torch.set_grad_enabled(grad and i > c.M - c.K):
-                x = self._step(self.block, x, self.rope, cache, i - 1)
-        return self._tied_head(x, targets, cache, last_only)
+                x = self._step(self.block, x, self.rope, pos, cache, i - 1)
+        return self.head(x, targets, last_only)
 
 
 def build_model(config):

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from checkpoint import canonical, check_optimizer_fits, load_sharded, one_line
+from common import BAD_INPUT, SIGNALLED, fail
 from model import HRM, Transformer
 
 
@@ -50,28 +51,25 @@ def end_process_group(ranks):
 
 
 def stop_on_errors(errors, ranks, prog="train.py"):
-    """All ranks learn whether any rank found an error and stop together, exit status 2 (a rank that exited
-    alone would be killed by torchrun mid-print). Rank 0 prints each distinct error once, one line each, so
-    a bad setting that every rank finds is one line; an error only some ranks found names them."""
+    """All ranks learn whether any rank found an error and stop together through common.fail, exit status 2
+    (a rank that exited alone would be killed by torchrun mid-print). Rank 0 prints each distinct error once,
+    one line each, so a bad setting that every rank finds is one line; an error only some ranks found names them."""
     everyone = [errors]
     if ranks.ddp:
         everyone = [None] * ranks.world_size
         dist.all_gather_object(everyone, errors)
     if not any(everyone):
         return
-    if ranks.master:
-        found = {}   # message -> the ranks that found it, in the order of first appearance
-        for r, errs in enumerate(everyone):
-            for msg in errs:
-                found.setdefault(msg, []).append(r)
-        for msg, where in found.items():
-            who = "" if len(where) == ranks.world_size else f" (rank {', '.join(map(str, where))})"
-            sys.stderr.write(f"{prog}: error{who}: {msg}\n")
-        sys.stderr.flush()
+    found = {}   # message -> the ranks that found it, in the order of first appearance
+    for r, errs in enumerate(everyone):
+        for msg in errs:
+            found.setdefault(msg, []).append(r)
+    lines = [msg + ("" if len(where) == ranks.world_size else f" (rank {', '.join(map(str, where))})")
+             for msg, where in found.items()]
     if ranks.ddp:
         dist.barrier()
         dist.destroy_process_group()
-    sys.exit(2)
+    fail(lines, BAD_INPUT, prog, show=ranks.master)
 
 
 def micro_batches(accum, batch, world_size, saved=None):
@@ -124,8 +122,8 @@ class StopSignals:
 
     def _on_signal(self, signum, frame):
         if self.received:
-            sys.stderr.write(f"train.py: {signal.Signals(signum).name} again: quitting without saving\n")
-            os._exit(128 + signum)
+            fail(f"{signal.Signals(signum).name} again: quitting without saving", SIGNALLED + signum, "train.py",
+                 now=True)
         self.received.append(signum)
         if self.ranks.master:
             sys.stderr.write(f"train.py: {signal.Signals(signum).name}: saving at the end of this iteration "
@@ -142,12 +140,10 @@ class StopSignals:
         """End the run: one line (from rank 0) saying where, and exit status 128 + the signal number, as a
         shell reports a process that a signal ended (130 for SIGINT, 143 for SIGTERM)."""
         signum = self.received[0] if self.received else signal.SIGTERM   # another rank's signal: SIGTERM's code
-        if self.ranks.master:
-            sys.stderr.write(f"train.py: stopped by {signal.Signals(signum).name if self.received else 'a signal'} "
-                             f"at iter {iter_num}" + (f"; saved {saved}; continue with --init_from=resume"
-                                                      if saved else "") + "\n")
         end_process_group(self.ranks)
-        sys.exit(128 + signum)
+        fail(f"stopped by {signal.Signals(signum).name if self.received else 'a signal'} at iter {iter_num}" +
+             (f"; saved {saved}; continue with --init_from=resume" if saved else ""), SIGNALLED + signum,
+             "train.py", show=self.ranks.master)
 
 
 # --- DDP and FSDP2 ---------------------------------------------------------------------------------------

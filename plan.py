@@ -35,7 +35,6 @@ torch.compile's buffers. tests/test_plan.py checks the method against one real f
 """
 
 import argparse
-import json
 import math
 import os
 import weakref
@@ -48,6 +47,7 @@ from torch.utils._pytree import tree_leaves
 
 from common import HelpFormatter, fail
 from configurator import ConfigError, apply_config, read_settings
+from data import load_meta, meta_path
 from model import ModelConfig, build_model
 from parallel import shard_units
 
@@ -63,9 +63,9 @@ def train_defaults():
 def train_settings(argv):
     """train.py's settings for argv (config files and --key=value), read as train.py reads them."""
     config = apply_config(list(argv), train_defaults())
-    if not config["vocab_size"]:
-        meta = os.path.join(config["data_dir"], config["dataset"], "meta.json")
-        config["vocab_size"] = json.load(open(meta))["vocab_size"] if os.path.exists(meta) else 50257
+    if not config["vocab_size"]:   # the dataset's, from its meta.json; GPT-2's 50257 where it is not here
+        here = os.path.exists(meta_path(config["data_dir"], config["dataset"]))
+        config["vocab_size"] = load_meta(config["data_dir"], config["dataset"])["vocab_size"] if here else 50257
     return config
 
 

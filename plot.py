@@ -51,7 +51,7 @@ def finite(v):
 def unigram_of(out_dir):
     """(dataset name, unigram CE) of the dataset a run trained on (from its checkpoint's config), or None."""
     try:
-        from prepare import unigram_ce
+        from data import unigram_ce
         best = os.path.join(out_dir, CKPT_BEST)
         cfg = read_info(best if os.path.exists(best) else resume_path(out_dir))["config"]
         if os.path.getsize(os.path.join(cfg["data_dir"], cfg["dataset"], "train.bin")) > 1 << 30:

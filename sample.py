@@ -9,16 +9,17 @@ Decoding uses the per-application KV cache (engine.py, docs/MODEL.md section 5) 
 
 import math
 import os
+import signal
 import sys
 import time
 
 import torch
 
 from checkpoint import load_checkpoint, model_from_checkpoint
-from common import DTYPES, auto_device, auto_dtype, check_device, fail, precision_context
+from common import DTYPES, SIGNALLED, auto_device, auto_dtype, check_device, fail, precision_context
 from configurator import configure
+from data import get_codec, load_meta
 from engine import stream
-from prepare import get_codec, load_meta
 
 # -----------------------------------------------------------------------------
 init_from = "resume"         # "resume": the checkpoint in out_dir
@@ -84,7 +85,10 @@ except (OSError, ValueError) as e:
     fail(f"{path} carries no tokenizer (meta.json) and its dataset's cannot be read: {e}")
 if meta.get("vocab_size", model.config.vocab_size) != model.config.vocab_size:
     fail(f"the model has vocab_size={model.config.vocab_size} but its dataset's meta.json says {meta['vocab_size']}")
-encode, decode = get_codec(meta)
+try:
+    encode, decode = get_codec(meta)
+except ValueError as e:   # the GPT-2 tokenizer's package is missing
+    fail(str(e))
 del checkpoint
 model.eval().to(device)
 torch.manual_seed(seed)
@@ -130,5 +134,4 @@ try:
 except KeyboardInterrupt:   # what was printed stays printed
     sys.stdout.write("\n")
     sys.stdout.flush()
-    print("sample.py: interrupted by SIGINT; the text above is what was generated", file=sys.stderr)
-    sys.exit(130)
+    fail("interrupted by SIGINT; the text above is what was generated", code=SIGNALLED + signal.SIGINT)

@@ -13,24 +13,25 @@ gradient_accumulation_steps is the *global* number of micro-batches per iteratio
 nanoGPT: each of W ranks runs 1/W of them. Micro-batch j of iteration i is drawn from its
 own seeded generator, so a run gives the same numbers with 1 or W processes, and after a
 resume (the sampler's whole state is the iteration number).
+
+It reads top to bottom: the settings; one call that checks everything and either stops with one line per
+problem or hands back the run (checkpoint.start_run); the data; the model and optimiser; the loop (Algorithm 1).
 """
 
 import math
 import os
 import random
-import sys
 import time
 
 import torch
 
+import data
 import parallel
-from checkpoint import (CKPT_BEST, CKPT_LAST, CKPT_LAST_DCP, append_log, check_resume, find_checkpoint, finished_run,
-                        load_checkpoint, one_line, resume_path, save_checkpoint, save_sharded, take_out_dir, trim_log)
-from common import DTYPES, auto_device, auto_dtype, check_device, fail, fmt_time, precision_context
-from configurator import check_train_settings, configure
+from checkpoint import CKPT_BEST, CKPT_LAST, append_log, resume_path, start_run
+from common import DIVERGED, DTYPES, fail, fmt_time, precision_context
+from configurator import configure
 from flops import counted_train_flops, device_peak_tflops
-from model import MODEL_FIELDS, ModelConfig, build_model
-import prepare
+from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
 # Defaults: the paper's OpenWebText setup (section "Setup"; Table "Ablation" base: HRM d=4096,
@@ -94,15 +95,13 @@ seed = 1337                  # everything random derives from this
 # -----------------------------------------------------------------------------
 config = configure(globals(), prog="train.py")
 
-# --- process group -----------------------------------------------------------
-try:
-    device = check_device(auto_device(device))
-except ValueError as e:
-    fail(str(e))
-ranks = parallel.init_process_group(device)   # one process, or one rank of torchrun's (DDP/FSDP)
+# --- one call checks everything before work (device, settings, dataset, out_dir, the checkpoint to start from):
+# each problem is one line and every rank stops on it (exit status 2), or it hands back the run ---------------
+run = start_run(config)   # checkpoint.Run: the checked settings, the dataset, the checkpoint, the counters
+ranks, dtype = run.ranks, run.dtype
 device, master, world_size = ranks.device, ranks.master, ranks.world_size
 device_type = "cuda" if device.startswith("cuda") else "cpu"
-dtype = auto_dtype(dtype, device_type)
+gradient_accumulation_steps, batch_size = config["gradient_accumulation_steps"], config["batch_size"]  # per world size
 
 
 def log(msg):
@@ -110,91 +109,20 @@ def log(msg):
         print(msg, flush=True)
 
 
-# --- everything checkable before work: each problem is one line, and every rank stops on it --------
-errors = check_train_settings(dict(config, dtype=dtype), ranks.ddp)   # ranges, choices, combinations
-notes = []   # printed once every check has passed
-
-
-def set_micro_batches(saved=None):
-    """gradient_accumulation_steps and batch_size for this world size (parallel.micro_batches): a new run on
-    more ranks than its config was written for splits its micro-batches; a resumed run keeps its checkpoint's."""
-    try:
-        accum, batch, note = parallel.micro_batches(config["gradient_accumulation_steps"], config["batch_size"],
-                                                    world_size, saved)
-    except ValueError as e:
-        return errors.append(str(e))
-    config.update(gradient_accumulation_steps=accum, batch_size=batch)
-    notes.extend([note] if note else [])
-
-
-if init_from != "resume":   # a resumed run decides once its checkpoint is loaded (below)
-    set_micro_batches()
-data, meta = {}, None
-try:   # the files checked against meta.json, and each split long enough for block_size
-    data, meta = prepare.open_dataset(data_dir, dataset, block_size, vocab_size)
-except ValueError as e:
-    errors.append(str(e))
-vocab_size = config["vocab_size"] = meta["vocab_size"] if meta else vocab_size or 50257   # the dataset's
-model_args = {k: config[k] for k in MODEL_FIELDS}   # the settings of the model, as checkpoints keep them
-try:
-    model_config = ModelConfig.from_settings(config)
-except ValueError as e:
-    errors.append(str(e))
-if wandb_log and master:
-    try:
-        import wandb
-    except ImportError:
-        errors.append("wandb_log=True needs the wandb package: pip install wandb (or leave wandb_log off)")
-ckpt_last, ckpt_best = os.path.join(out_dir, CKPT_LAST), os.path.join(out_dir, CKPT_BEST)
-resume = init_from == "resume"
-finished = not resume and not overwrite and not eval_only and not errors and finished_run(out_dir, config)
-if finished:   # the same command again: say so, touch nothing
-    log(f"{out_dir} holds this run, finished ({finished}): nothing to do; sample it with "
-        f"python sample.py --out_dir={out_dir}, or train it again with --overwrite=True")
-    sys.exit(parallel.end_process_group(ranks))
-lock = None   # held (flock) for the whole run: one run per out_dir; the OS drops it when we die
-if master and not errors:
-    lock, problem = take_out_dir(out_dir, "resume" if resume else "scratch", overwrite, eval_only)
-    if problem:
-        errors.append(problem)
-parallel.stop_on_errors(errors, ranks)
-checkpoint = None
-if init_from != "scratch":   # every rank loads it: ckpt_last.pt to resume, or the weights a new run starts from
-    try:
-        source = resume_path(out_dir) if resume else find_checkpoint(init_from)   # where these weights come from
-        checkpoint = load_checkpoint(source)
-    except ValueError as e:
-        errors.append(str(e))
-if resume and checkpoint is not None:
-    saved = tuple(checkpoint.get("config", {}).get(k, config[k]) for k in ("gradient_accumulation_steps", "batch_size"))
-    set_micro_batches(saved)
-    problems, changed = check_resume(checkpoint, source, model_args, config, meta)
-    errors += problems
-    if changed:
-        notes.append("note: resuming with changed settings (the schedule, not the data): " + ", ".join(changed))
-parallel.stop_on_errors(errors, ranks)
-
 # --- data: micro-batch j of iteration i is a pure function of (seed, stream, i, j) ----------------------
-gradient_accumulation_steps, batch_size = config["gradient_accumulation_steps"], config["batch_size"]
-torch.manual_seed(seed)  # the model's init: identical on every rank
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 micro_per_rank = gradient_accumulation_steps // world_size
 
 
 def get_batch(split, stream, i, j):   # micro-batch j of iteration i of a stream (0: training, 1-2: evaluation)
-    return prepare.get_batch(data, split, seed, stream, i, j, batch_size, block_size, device)
+    return data.get_batch(run.splits, split, seed, stream, i, j, batch_size, block_size, device)
 
 
 # --- model and optimiser ------------------------------------------------------------------------
-# best_val_loss starts at the step-0 evaluation: a model is "good" (ckpt.pt, the stop message) only if it
-# beats the initial one, so a diverged model with finite but huge weights never becomes the best
-iter_num, best_val_loss, best_iter, skipped_total, eval_pending, losses = 0, float("inf"), None, 0, False, {}
+torch.manual_seed(seed)  # the model's init: identical on every rank
+model_config = ModelConfig(**run.model_args)
 model = build_model(model_config)
-if checkpoint is not None and "model" in checkpoint:   # a single file: loaded whole, then dropped (its memory too)
-    try:
-        model.load_state_dict(checkpoint.pop("model"))
-    except RuntimeError as e:   # a missing key, a tensor of another shape: named in the one line
-        errors.append(f"{source} does not fit this model: {one_line(e)}")
+errors = run.load_weights(model)   # a single-file checkpoint's weights, before the model is moved and sharded
 model.to(device)
 params = parallel.fully_shard_model(model) if fsdp else list(model.parameters())   # FSDP2: all state sharded
 decay = [p for p in params if p.dim() >= 2]      # matrices and the embedding
@@ -202,27 +130,7 @@ no_decay = [p for p in params if p.dim() < 2]    # norms, alpha, tau
 optimizer = torch.optim.AdamW(
     [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
     lr=learning_rate, betas=(beta1, beta2), fused=device_type == "cuda")
-if checkpoint is not None and not errors:
-    try:   # the rest of the checkpoint (AdamW's state; a sharded one's weights); drop what a killed run logged after it
-        parallel.restore(model, optimizer, checkpoint, source, resume, fsdp)
-        if resume and master:
-            trim_log(out_dir, checkpoint["iter_num"])
-    except ValueError as e:
-        errors.append(str(e))
-try:
-    run = wandb.init(project=wandb_project, name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)),
-                     config=config, dir=out_dir) if wandb_log and master and not errors else None   # out_dir/wandb
-except Exception as e:   # e.g. not logged in: one line (WANDB_MODE=offline needs no account)
-    errors.append(f"wandb_log=True but wandb.init failed: {one_line(e)}")
-parallel.stop_on_errors(errors, ranks)
-for note in notes:
-    log(note)
-if checkpoint is not None and not resume:   # a new run from these weights: a fresh optimizer and schedule
-    log(f"starting from the weights of {source} (iter {checkpoint['iter_num']})")
-elif checkpoint is not None:   # where the run stopped
-    iter_num, best_val_loss, best_iter, skipped_total, eval_pending = (checkpoint.get(k, d) for k, d in (
-        ("iter_num", 0), ("best_val_loss", float("inf")), ("best_iter", None), ("skipped_total", 0), ("eval_pending", False)))
-del checkpoint
+run.restore(model, optimizer, errors)   # AdamW's state and the counters to resume; every rank stops on an error
 # No RNG state is saved: after the initialisation nothing draws from a global generator (no dropout; each
 # batch comes from its own generator), so a resume is exact without it.
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
@@ -238,6 +146,7 @@ decay_iters = lr_decay_iters or max_iters
 # MFU: the FLOPs of one iteration, counted once on the meta device, against the device's peak over all ranks
 flops_per_iter = counted_train_flops(model_config, batch_size, block_size) * gradient_accumulation_steps
 peak_flops = device_peak_tflops(device, DTYPES[dtype]) * 1e12 * world_size
+ckpt_last, ckpt_best = os.path.join(out_dir, CKPT_LAST), os.path.join(out_dir, CKPT_BEST)
 
 
 def train_depth(it):
@@ -259,15 +168,15 @@ def get_lr(it):
 
 
 @torch.no_grad()
-def estimate_loss():
+def estimate_loss(stop):
     """Final-pass CE (no entropy term) on eval_iters fixed batches per split, shared out over ranks. A signal
-    stops it between batches (returns None), so a long evaluation never delays the save a signal asks for."""
+    (stop(): true) ends it between batches (returns None): a long evaluation never delays the save it asks for."""
     model.eval()
     out = {}
     for s, split in enumerate(("train", "val")):
-        losses = []
+        batch_losses = []
         for r in range(-(-eval_iters // world_size)):   # as many rounds on every rank (FSDP gathers in each)
-            if signals.requested():
+            if stop():
                 model.train()
                 return None
             k = r * world_size + ranks.rank                # the same batches at every eval, on any world size
@@ -276,81 +185,73 @@ def estimate_loss():
                 with ctx:
                     logits, _ = raw_model(X)
                 if k < eval_iters:
-                    losses.append(raw_model.cross_entropy(logits, Y).item())
-        out[split] = parallel.all_mean(losses, ranks)
+                    batch_losses.append(raw_model.cross_entropy(logits, Y).item())
+        out[split] = parallel.all_mean(batch_losses, ranks)
     model.train()
     return out
 
 
-def save(path):
-    """ckpt.pt (the best model, for sampling) holds the weights and settings; ckpt_last.pt (for resume) also
-    the AdamW state: one file the master writes atomically, or under FSDP ckpt_last.dcp, the shards every rank
-    writes at once. Every rank calls it (FSDP gathers ckpt.pt's weights to the master)."""
-    info = {"model_args": model_args, "config": config, "iter_num": iter_num, "best_val_loss": best_val_loss,
-            "best_iter": best_iter, "meta": meta}
-    if path == ckpt_last:   # eval_pending: a signal stopped the evaluation of iter_num; the resume does it
-        info.update(skipped_total=skipped_total, eval_pending=losses is None)
-        if fsdp:
-            return save_sharded(os.path.join(out_dir, CKPT_LAST_DCP), raw_model, optimizer, info, master)
-    model_sd = parallel.full_weights(raw_model, ranks, fsdp) if master or fsdp else None   # FSDP: a collective
-    if master:
-        save_checkpoint(path, dict(info, model=model_sd, **({"optimizer": optimizer.state_dict()}
-                                                             if path == ckpt_last else {})))
+def evaluate(lr, grad_norm, t_start, stop):
+    """Evaluate, log (log.jsonl, wandb) and checkpoint at run.iter_num: ckpt.pt when val improves on the best
+    so far, ckpt_last.pt always. Every rank keeps the same best (the losses are global means) and takes part in
+    the saves. A signal stops the evaluation (run.eval_pending): the save it asks for then comes first."""
+    it, t_eval = run.iter_num, time.time()
+    losses = estimate_loss(stop)
+    run.eval_pending = losses is None
+    if losses is None:
+        return
+    log(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} ({time.time() - t_eval:.1f} s)")
+    if eval_only:
+        return
+    if master:   # the log line first: trim_log() undoes it if no save follows
+        row = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": lr,
+               "grad_norm": grad_norm if math.isfinite(grad_norm) else None, "time_s": round(time.time() - t_start, 3),
+               "tokens": it * tokens_per_iter, "skipped": run.skipped_total}
+        append_log(out_dir, row)
+        if run.wandb:
+            run.wandb.log(row, step=it)
+    if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
+        return   # a non-finite model never reaches a checkpoint
+    if it == 0 and run.best_iter is None:
+        run.best_val_loss = losses["val"]   # the bar every "good" checkpoint must clear
+        return
+    if losses["val"] < run.best_val_loss or always_save_checkpoint:
+        if losses["val"] < run.best_val_loss:
+            run.best_val_loss, run.best_iter = losses["val"], it
+        run.save(ckpt_best, raw_model, optimizer)
+    run.save(ckpt_last, raw_model, optimizer)
 
 
 # --- training loop: Algorithm 1 (the model's forward is Algorithms 2-3, with the last-K window) ---------
-signals = parallel.StopSignals(ranks)   # Ctrl-C / SIGTERM: save ckpt_last.pt at the end of the iteration
 log(f"{arch}: {raw_model.num_params():,} parameters | {tokens_per_iter:,} tokens/iter "
     f"({gradient_accumulation_steps} x {batch_size} x {block_size}, {world_size} rank(s)) | "
     f"{device} {dtype} | clip {clip:.4g}")
-start_iter, t_start = iter_num, time.time()
-t0, t0_iter, last_grad_norm, bad_in_row = time.time(), iter_num, float("nan"), 0   # t0: the last progress line
-while True:
-    lr = get_lr(iter_num)
+signals = parallel.StopSignals(ranks)   # Ctrl-C / SIGTERM: save ckpt_last.pt at the end of the iteration
+start_iter, t_start = run.iter_num, time.time()
+t0, t0_iter, last_grad_norm, bad_in_row = time.time(), run.iter_num, float("nan"), 0   # t0: the last progress line
+while True:  # Loop 1
+    lr = get_lr(run.iter_num)
     for group in optimizer.param_groups:
         group["lr"] = lr
-
-    # evaluate, log, checkpoint (the iteration a resumed run starts at was evaluated before the stop, unless a
-    # signal stopped that evaluation)
-    resumed_here = resume and iter_num == start_iter and not eval_only and not eval_pending
-    if (iter_num % eval_interval == 0 or iter_num == max_iters) and not resumed_here:
+    # the iteration a resumed run starts at was evaluated before the stop, unless a signal stopped that evaluation
+    resumed_here = run.resume and run.iter_num == start_iter and not eval_only and not run.eval_pending
+    if (run.iter_num % eval_interval == 0 or run.iter_num == max_iters) and not resumed_here:
         t_eval = time.time()
-        losses = estimate_loss()   # None: stopped by a signal, which saves below
-        finite = losses is not None and math.isfinite(losses["train"]) and math.isfinite(losses["val"])
-        if losses is not None:
-            log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
-                f"({time.time() - t_eval:.1f} s)")
-        if master and not eval_only and losses is not None:   # the log line first: trim_log() undoes it if no save
-            row = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"], "lr": lr,
-                   "grad_norm": last_grad_norm if math.isfinite(last_grad_norm) else None,
-                   "time_s": round(time.time() - t_start, 3), "tokens": iter_num * tokens_per_iter,
-                   "skipped": skipped_total}
-            append_log(out_dir, row)
-            if run:
-                run.log(row, step=iter_num)
-        # every rank keeps the same best (the losses are global means) and takes part in the saves
-        if not eval_only and finite and iter_num == 0 and best_iter is None:
-            best_val_loss = losses["val"]  # the bar every "good" checkpoint must clear
-        elif not eval_only and finite:  # a non-finite model never reaches a checkpoint
-            if losses["val"] < best_val_loss or always_save_checkpoint:
-                if losses["val"] < best_val_loss:
-                    best_val_loss, best_iter = losses["val"], iter_num
-                save(ckpt_best)
-            save(ckpt_last)
+        evaluate(lr, last_grad_norm, t_start, signals.requested)
         t0 += time.time() - t_eval  # keep evaluation out of ms/iter
-    if (eval_only or iter_num >= max_iters) and losses is not None:
+    if (eval_only or run.iter_num >= max_iters) and not run.eval_pending:
         break
     if signals.requested():  # after (or during) the due evaluation, so a resume from here skips nothing
         if not eval_only:
-            save(ckpt_last)
-        signals.exit(iter_num, saved=None if eval_only else resume_path(out_dir))
+            run.save(ckpt_last, raw_model, optimizer)
+        signals.exit(run.iter_num, saved=None if eval_only else resume_path(out_dir))
 
-    # forward/backward over this rank's share of the global micro-batches (rank r: r, r+W, r+2W, ...)
+    # Loop 2: forward/backward over this rank's share of the global micro-batches (rank r: r, r+W, r+2W, ...)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     if random_depth:   # this iteration only; evaluation, checkpoints and clipping keep the trained depth
-        raw_model.set_depth(train_depth(iter_num))
+        raw_model.set_depth(train_depth(run.iter_num))
     for m_i in range(micro_per_rank):
-        X, Y = get_batch("train", 0, iter_num, ranks.rank + m_i * world_size)
+        X, Y = get_batch("train", 0, run.iter_num, ranks.rank + m_i * world_size)
         parallel.no_sync_unless(model, ranks, fsdp, last=m_i == micro_per_rank - 1)
         with ctx:
             _, loss = model(X, Y)
@@ -370,31 +271,30 @@ while True:
         scaler.step(optimizer)
         last_grad_norm, bad_in_row = grad_norm, 0
     else:  # never let a NaN/Inf reach the optimiser
-        skipped_total += 1
+        run.skipped_total += 1
         bad_in_row += 1
-        log(f"iter {iter_num}: non-finite loss {train_loss} or grad norm {grad_norm}; step skipped "
-            f"({bad_in_row} in a row, {skipped_total} in all)")
+        log(f"iter {run.iter_num}: non-finite loss {train_loss} or grad norm {grad_norm}; step skipped "
+            f"({bad_in_row} in a row, {run.skipped_total} in all)")
         if bad_in_row >= max_nonfinite:
-            good = (f"{ckpt_best} (iter {best_iter}, val loss {best_val_loss:.4f})" if best_iter is not None
+            good = (f"{ckpt_best} (iter {run.best_iter}, val loss {run.best_val_loss:.4f})" if run.best_iter is not None
                     and os.path.exists(ckpt_best) else "none (no evaluation beat the initial model)")
-            log(f"stopping at iter {iter_num}: {bad_in_row} non-finite iterations in a row "
-                f"(max_nonfinite={max_nonfinite}); last good checkpoint: {good}")
             parallel.end_process_group(ranks)
-            sys.exit(3)
+            fail(f"stopping at iter {run.iter_num}: {bad_in_row} non-finite iterations in a row "
+                 f"(max_nonfinite={max_nonfinite}); last good checkpoint: {good}", DIVERGED, show=master)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
 
-    iter_num += 1
-    if iter_num % log_interval == 0:
-        dt = (time.time() - t0) / (iter_num - t0_iter)   # a resumed run's first line covers fewer iterations
-        t0, t0_iter = time.time(), iter_num
+    run.iter_num += 1
+    if run.iter_num % log_interval == 0:
+        dt = (time.time() - t0) / (run.iter_num - t0_iter)   # a resumed run's first line covers fewer iterations
+        t0, t0_iter = time.time(), run.iter_num
         elapsed = time.time() - t_start  # evaluations included, so the time left includes them too
-        left = elapsed / (iter_num - start_iter) * (max_iters - iter_num)
-        log(f"iter {iter_num}/{max_iters} ({100 * iter_num / max(1, max_iters):.1f}%): loss {train_loss:.4f}, "
+        left = elapsed / (run.iter_num - start_iter) * (max_iters - run.iter_num)
+        log(f"iter {run.iter_num}/{max_iters} ({100 * run.iter_num / max(1, max_iters):.1f}%): loss {train_loss:.4f}, "
             f"lr {lr:.3e}, grad norm {grad_norm:.3f}, {dt * 1000:.1f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s, "
             f"MFU {flops_per_iter / dt / peak_flops:.1%} | {fmt_time(elapsed)} elapsed, {fmt_time(left)} left")
 
-log(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, {time.time() - t_start:.1f} s")
-if run:
-    run.finish()
+log(f"done: {run.iter_num} iterations, best val loss {run.best_val_loss:.4f}, {time.time() - t_start:.1f} s")
+if run.wandb:
+    run.wandb.finish()
 parallel.end_process_group(ranks)

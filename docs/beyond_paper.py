@@ -79,6 +79,7 @@ def measure_worker(out_dir):
     """In a fresh process: one training iteration of the run's model (from its checkpoint's arguments, random
     weights: memory does not depend on them) at its batch shape; the peak it adds, as bench.py measures."""
     import torch
+    import engine
     from bench import current_mb, peak_mb, reset_peak
     from common import timed
     from model import ModelConfig, build_model
@@ -99,7 +100,7 @@ def measure_worker(out_dir):
     step()
     iter_mb = peak_mb("cpu") - base
     return {"iter_mb": iter_mb, "ms_iter_alone": timed(step, "cpu", 3) * 1000,
-            "kv_cache_mb": model.kv_cache_bytes(cfg["block_size"]) / 2**20, "params": model.num_params()}
+            "kv_cache_mb": engine.kv_cache_bytes(model, cfg["block_size"]) / 2**20, "params": model.num_params()}
 
 
 def measured(out_dir):
@@ -205,7 +206,8 @@ def main():
     args.seeds = [int(s) for s in args.seeds.split(",")]
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
-        sys.exit(f"beyond_paper.py: error: unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+        from common import fail   # here, not at the top: --tables needs no torch
+        fail(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
     # seed-major, so every variant has a run early; full-ckpt has full's gradients (tested), so one seed
     # shows its time and memory, and the quality column is full's
     jobs = [command(args, v, s) for s in args.seeds for v in args.variants if v != "full-ckpt" or s == args.seeds[0]]
@@ -214,8 +216,8 @@ def main():
         return
     if not args.tables:
         if not os.path.exists(os.path.join(args.data_dir, "shakespeare_char", "val.bin")):
-            sys.exit(f"beyond_paper.py: error: {args.data_dir}/shakespeare_char not found; "
-                     f"run python prepare.py --dataset=shakespeare_char")
+            from common import fail
+            fail(f"{args.data_dir}/shakespeare_char not found; run python prepare.py --dataset=shakespeare_char")
         sweep.run_all(jobs, args.workers)
     tables(args)
 

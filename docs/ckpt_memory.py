@@ -65,8 +65,11 @@ def main():
                    "--fsdp=True", f"--data_dir={args.data_dir}", f"--out_dir={out_dir}", *extra]
             env = dict(os.environ, CKPT_MEM_OUT=mark, OMP_NUM_THREADS="1", PYTHONPATH=args.code)
             p = subprocess.run(cmd, cwd=args.code, env=env, capture_output=True, text=True)
-            if p.returncode:
-                sys.exit(f"{phase} failed:\n{p.stderr[-3000:]}")
+            if p.returncode:   # stop with the run's own exit status (a signal n: 128 + n)
+                sys.path.insert(0, HERE)
+                from common import SIGNALLED, fail
+                fail(f"{phase} failed:\n{p.stderr[-3000:]}",
+                     code=p.returncode if p.returncode > 0 else SIGNALLED - p.returncode)
             if phase == "save":
                 params = next(l for l in p.stdout.splitlines() if "parameters" in l).split(":")[1].split("parameters")[0]
             for rank in (0, 1):

@@ -288,8 +288,8 @@ def main():
         sweep.require_data("long_run.py", [("shakespeare_char", "--dataset=shakespeare_char")])
         missing = [v for v in VARIANTS if candidates(v) is None]
         if missing:
-            sys.exit(f"long_run.py: error: no settled 400-iteration learning rate yet for {', '.join(missing)}; "
-                     f"run python docs/sweep.py first")
+            from common import fail   # here, not at the top: --tables needs no torch
+            fail(f"no settled 400-iteration learning rate yet for {', '.join(missing)}; run python docs/sweep.py first")
         sweep.run_all(phase_a(), args.workers)
         sweep.run_all(phase_b(), args.workers)
         read_checkpoints(args.workers)

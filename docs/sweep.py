@@ -241,7 +241,8 @@ def require_data(script, datasets):
     """Stop with one line before any run where a dataset (name, prepare.py's argument for it) is missing."""
     for ds, hint in datasets:
         if not os.path.exists(os.path.join(ROOT, "data", ds, "val.bin")):
-            sys.exit(f"{script}: error: data/{ds} not found; run python prepare.py {hint}".rstrip())
+            from common import fail   # here, not at the top: --tables needs no torch
+            fail(f"data/{ds} not found; run python prepare.py {hint}".rstrip(), prog=script)
 
 
 def dry_run(jobs):
@@ -368,7 +369,7 @@ def unigrams():
     if not os.path.exists(path):
         if not all(os.path.exists(os.path.join(ROOT, "data", d, "val.bin")) for d in ("shakespeare_char", "shakespeare")):
             return {"char": math.nan, "bpe": math.nan}
-        from prepare import unigram_ce
+        from data import unigram_ce
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump({"char": unigram_ce(os.path.join(ROOT, "data"), "shakespeare_char"),
@@ -755,7 +756,8 @@ def main():
     args = ap.parse_args()
     args.testbeds = args.testbeds.split(",")
     if not args.tables and not set(args.testbeds) <= {"char", "bpe"}:
-        sys.exit(f"sweep.py: error: --testbeds={','.join(args.testbeds)}: choose from char, bpe")
+        from common import fail   # here, not at the top: --tables needs no torch
+        fail(f"--testbeds={','.join(args.testbeds)}: choose from char, bpe")
     os.chdir(ROOT)
     if not args.tables:
         require_data("sweep.py", [("shakespeare_char", "--dataset=shakespeare_char"), ("shakespeare", "")])

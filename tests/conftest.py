@@ -1,12 +1,20 @@
-"""What more than one test file uses: the tiny train.py settings and runs, the datasets, the log reader,
-the one-line error check, and the small models of the model tests."""
+"""What more than one test file uses: the tiny train.py settings and runs, the datasets, the log readers,
+the one-line error check, a script run under a patch, a fresh clone of the repository, bench.py's memory
+measurement, the paper's sizes, the small models of the model tests; and the suite's own options: a time
+limit per test (a hang fails) and --shuffle=SEED (the tests in a shuffled order)."""
 
+import functools
 import hashlib
 import json
 import os
+import random
+import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -19,11 +27,22 @@ from model import ModelConfig, build_model  # noqa: E402  (after the path)
 # --- train.py at tiny sizes ---------------------------------------------------------------------------
 
 # A model small enough that a training iteration takes milliseconds on a 2-core CPU.
-TINY = [
-        "--device=cpu", "--dtype=float32", "--dataset=shakespeare", "--gradient_accumulation_steps=1",
-        "--n_embd=32", "--n_head=4", "--block_size=32", "--batch_size=4", "--eval_iters=4", "--log_interval=1",
-        "--warmup_iters=2", "--learning_rate=3e-3", "--min_lr=3e-4"]
+CPU = ["--device=cpu", "--dtype=float32"]
+TINY_MODEL = ["--n_embd=32", "--n_head=4", "--block_size=32"]
+TINY = [*CPU, "--dataset=shakespeare", "--gradient_accumulation_steps=1", *TINY_MODEL, "--batch_size=4",
+        "--eval_iters=4", "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3", "--min_lr=3e-4"]
 HRM = ["--arch=hrm", "--N=2", "--T=2", "--K=2"]   # M = 4
+# the README's commands (tests/test_docs.py) at tiny sizes: 2 iterations, appended to each train.py command line
+TINY_README = [*CPU, *TINY_MODEL, "--batch_size=2", "--max_iters=2", "--eval_interval=2", "--eval_iters=1",
+               "--log_interval=1", "--warmup_iters=1"]
+
+
+def char_tiny(out, *extra):
+    """train.py arguments for the character HRM (config/char_hrm.py) at tiny sizes, d=16 (ckpt_last.pt: 251 KB):
+    the config file, then the sizes and the out_dir again (the file sets its own, over run_train's TINY), then
+    extra."""
+    return ["config/char_hrm.py", "--n_embd=16", "--n_head=2", "--block_size=32", "--batch_size=4", "--eval_iters=4",
+            "--log_interval=1", "--warmup_iters=2", "--eval_interval=2", f"--out_dir={out}", *extra]
 
 # train.py's environment: one thread (2 cores; tests run two processes at once), no progress bars
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
@@ -99,6 +118,11 @@ def by_iter(out_dir):
     return {r["iter"]: r for r in read_log(out_dir)[0]}
 
 
+def progress_losses(stdout):
+    """The train loss of each of train.py's progress lines ('iter i/n (p%): loss x, ...'), in order."""
+    return [float(x) for x in re.findall(r"^iter \d+/\d+ \([^)]*\): loss ([0-9.]+)", stdout, flags=re.M)]
+
+
 def one_error_line(p, code=2, prog="train.py"):
     """A run that stopped with exactly one line, '<prog>: error...', no traceback, exit code `code`."""
     lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
@@ -136,6 +160,244 @@ class Evil:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.path}",))
+
+
+# --- a script run under a patch ---------------------------------------------------------------------------
+
+# After a patch's own code: run the script as `python script args` would (sys.argv, sys.path[0]), then the patch's
+# finish(), if it defines one, even when the script exits or raises.
+RUN_AS_MAIN = r"""
+import os as _os, runpy as _runpy, sys as _sys
+_sys.argv = _sys.argv[1:]
+_sys.path.insert(0, _os.path.dirname(_os.path.abspath(_sys.argv[0])))
+try:
+    _runpy.run_path(_sys.argv[0], run_name="__main__")
+finally:
+    if "finish" in globals():
+        finish()
+"""
+
+
+def patched(patch, folder, cmd):
+    """cmd ([python, script, args...]) with `patch` (Python source: monkeypatches, and optionally a finish()) run
+    first in the same process: the command line to run instead. The wrapper script is written to folder."""
+    wrapper = os.path.join(str(folder), f"patched_{hashlib.sha256(patch.encode()).hexdigest()[:12]}.py")
+    with open(wrapper, "w") as f:
+        f.write(patch + RUN_AS_MAIN)
+    return [cmd[0], wrapper, *cmd[1:]]
+
+
+# --- waiting on a process or a file, with a deadline ------------------------------------------------------------
+
+def wait_for(condition, timeout, what):
+    """Poll condition() until it is true; past timeout seconds fail, saying what was awaited."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout} s for {what}", pytrace=False)
+        time.sleep(0.05)
+
+
+def read_until(proc, prefix, timeout):
+    """Read proc's stdout pipe line by line up to the first line that starts with prefix, and return it; fail if
+    the process ends first or no such line comes within timeout seconds (and kill it). Reads the pipe's file
+    descriptor a byte at a time, so nothing after that line is taken from a later read or communicate()."""
+    fd, deadline, seen, line = proc.stdout.fileno(), time.monotonic() + timeout, [], b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            proc.kill()
+            pytest.fail(f"no line starting {prefix!r} from pid {proc.pid} within {timeout} s; it printed:\n"
+                        + "".join(seen[-20:]), pytrace=False)
+        byte = os.read(fd, 1)
+        if not byte:
+            pytest.fail(f"pid {proc.pid} ended (exit status {proc.wait(timeout=60)}) before printing a line starting "
+                        f"{prefix!r}:\n" + "".join(seen[-20:]), pytrace=False)
+        line += byte
+        if byte == b"\n":
+            text, line = line.decode(errors="replace"), b""
+            if text.startswith(prefix):
+                return text
+            seen.append(text)
+
+
+# --- the repository as a fresh clone has it --------------------------------------------------------------------
+
+def fresh_clone(dst):
+    """Copy the repository's files as a fresh clone has them (tracked, or untracked and not ignored: no out-*/
+    runs, no data/) to dst; returns dst as a str."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True, timeout=60).stdout.split("\n")
+    for f in filter(None, files):
+        if os.path.exists(os.path.join(ROOT, f)):
+            os.makedirs(os.path.dirname(os.path.join(dst, f)), exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, f), os.path.join(dst, f))
+    return str(dst)
+
+
+# --- what the docs show: commands, tables -------------------------------------------------------------------------
+
+def sh_commands(text):
+    """The commands of the ```sh blocks in a page's text, one per entry (continuation lines and loops kept whole)."""
+    cmds = []
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
+        current = []
+        for line in block.splitlines():
+            current.append(line)
+            code = " ".join(l.split("#")[0] for l in current)
+            depth = len(re.findall(r"\bdo\b", code)) - len(re.findall(r"\bdone\b", code))
+            if not line.rstrip().endswith("\\") and depth <= 0:
+                cmds.append("\n".join(current))
+                current = []
+    return cmds
+
+
+def md_tables(text):
+    """Every markdown table in text: runs of lines starting with '|', each run one string."""
+    tables, cur = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            cur.append(line.rstrip())
+        elif cur:
+            tables.append("\n".join(cur))
+            cur = []
+    return tables
+
+
+# --- bench.py's memory measurement; the paper's sizes ---------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)   # the same measurement serves several tests
+def measured_iter_mb(model, preset, **override):
+    """The peak memory (MB) of one float32 training iteration at micro-batch 4 on the CPU, measured by bench.py's
+    worker in a fresh process (its allocator returns every freed block)."""
+    from bench import run_worker
+    spec = {"model": model, "preset": preset, "device": "cpu", "train_batch": 4, "mem_env": True,
+            "override": override}
+    return run_worker("train", spec)["train_iter_mem_mb"]
+
+
+# The paper's nine models (docs/MODEL.md section 3): their config file, ModelConfig fields (n_head=16) and exact size.
+PAPER_MODELS = {
+    "equalparam_nt8": (dict(arch="hrm", n_embd=4096, N=4, T=3, K=2), 1_229_357_059),
+    "equalflops_hrm_d2048_nt36": (dict(arch="hrm", n_embd=2048, N=4, T=9, K=2), 358_825_987),
+    "equalflops_hrm_d5120_nt9": (dict(arch="hrm", n_embd=5120, N=3, T=3, K=2), 1_856_512_003),
+    "equalparam_tf_l2": (dict(arch="transformer", n_embd=4096, n_layer=2), 742_739_968),
+    "equalparam_tf_l4": (dict(arch="transformer", n_embd=4096, n_layer=4), 1_279_627_264),
+    "equalflops_tf_l12": (dict(arch="transformer", n_embd=4096, n_layer=12), 3_427_176_448),
+    "unitf_d4096": (dict(arch="unitf", n_embd=4096, M=12), 474_296_320),
+    "unitf_d5760": (dict(arch="unitf", n_embd=5760, M=12), 820_333_440),
+    "unitf_d7296": (dict(arch="unitf", n_embd=7296, M=12), 1_218_395_520),
+}
+PAPER_SIZES = list(PAPER_MODELS.values())   # [(ModelConfig fields, parameters)]
+
+
+# --- the suite's options: a time limit per test, a shuffled order ---------------------------------------------------
+
+def pytest_addoption(parser):
+    parser.addini("test_time_limit", "seconds a test may take, its fixtures' setup and teardown included, before it "
+                  "fails (0: no limit); a test marked time_limit(s) gets s", default="0")
+    parser.addoption("--time-limit", type=float, default=None, metavar="S",
+                     help="override pytest.ini's test_time_limit (0: no limit)")
+    parser.addoption("--shuffle", type=int, default=None, metavar="SEED",
+                     help="run the collected tests in an order shuffled by SEED (default: the collected order)")
+
+
+def pytest_collection_modifyitems(config, items):
+    seed = config.getoption("--shuffle")
+    if seed is not None:
+        random.Random(seed).shuffle(items)
+
+
+def pytest_report_header(config):
+    seed, limit = config.getoption("--shuffle"), time_limit_of(config)
+    return [f"order: shuffled with --shuffle={seed}" if seed is not None else "order: as collected",
+            f"time limit per test: {limit:g} s (pytest.ini test_time_limit; --time-limit)" if limit else
+            "time limit per test: none"]
+
+
+def time_limit_of(config, item=None):
+    """A test's time limit, s (0: none): --time-limit=0 turns every limit off; else the test's time_limit mark,
+    else --time-limit, else pytest.ini's test_time_limit."""
+    opt = config.getoption("--time-limit")
+    marker = item.get_closest_marker("time_limit") if item is not None else None
+    if opt == 0 or not marker:
+        return float(config.getini("test_time_limit") if opt is None else opt)
+    return float(marker.args[0])
+
+
+class TimeLimitExceeded(Exception):
+    """A test ran past its time limit (raised in the test's own code, from SIGALRM)."""
+
+
+_deadline, _stderr_fd = pytest.StashKey(), pytest.StashKey()
+TEARDOWN_GRACE = 60   # s: a teardown may always finish (a tmpfs to unmount), even past the deadline
+BACKSTOP = 120        # s past the deadline and the grace: the Python handler cannot run (the main thread is
+                      # stuck in C code), so faulthandler prints every thread's stack and exits pytest
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """One deadline per test for its setup and call together, fixtures included (the phases below each arm
+    SIGALRM for what is left of it); the handler raises in the test's own frame, so a hang fails that test alone
+    and a subprocess it waited on is killed by subprocess.run's own cleanup."""
+    import faulthandler
+    limit = time_limit_of(item.config, item)
+    item.stash[_deadline] = time.monotonic() + limit if limit > 0 else None
+    if limit > 0:
+        if _stderr_fd not in item.config.stash:   # the terminal's stderr, not the capture's (as pytest's faulthandler)
+            item.config.stash[_stderr_fd] = os.dup(sys.__stderr__.fileno())
+        faulthandler.dump_traceback_later(limit + TEARDOWN_GRACE + BACKSTOP, exit=True,
+                                          file=item.config.stash[_stderr_fd])
+    try:
+        return (yield)
+    finally:
+        if limit > 0:
+            faulthandler.cancel_dump_traceback_later()
+        del item.stash[_deadline]
+
+
+def _arm(item, at_least=0.0):
+    """Arm SIGALRM for what is left of the item's deadline (at least at_least seconds); returns what to restore."""
+    deadline = item.stash.get(_deadline, None)
+    if deadline is None or not hasattr(signal, "SIGALRM"):
+        return None
+
+    def on_alarm(signum, frame):
+        raise TimeLimitExceeded(f"{item.nodeid} ran past its time limit of {time_limit_of(item.config, item):g} s "
+                                "(pytest.ini test_time_limit; a test that needs longer: @pytest.mark.time_limit(s))")
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), at_least, 0.001))
+    return previous
+
+
+def _disarm(previous):
+    if previous is not None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _within_deadline(item, at_least=0.0):
+    """A phase's hook wrapper: the phase runs with SIGALRM armed for what is left of the item's deadline."""
+    previous = _arm(item, at_least)
+    try:
+        return (yield)
+    finally:
+        _disarm(previous)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _within_deadline(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _within_deadline(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    return (yield from _within_deadline(item, at_least=TEARDOWN_GRACE))
 
 
 # --- small models for test_model, test_equations, test_decoding --------------------------------------

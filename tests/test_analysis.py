@@ -5,12 +5,12 @@ import os
 
 import pytest
 
-from conftest import one_error_line, raw_log, run_script, run_train
+from conftest import char_tiny, one_error_line, raw_log, run_script, run_train
 
 HRM_NT6 = ["--arch=hrm", "--N=2", "--T=3", "--K=2", "--max_iters=6", "--eval_interval=3"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(data_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     hrm, tf = str(root / "hrm"), str(root / "tf")
@@ -135,8 +135,7 @@ def test_plot_draws_one_unigram_line_per_dataset(runs, char_data, tmp_path, caps
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     char = str(tmp_path / "char")
-    run_train(["config/char_hrm.py", "--n_embd=16", "--n_head=2", "--block_size=32", "--batch_size=4",
-               "--eval_iters=2", "--max_iters=2", "--eval_interval=2", f"--out_dir={char}"], char_data, char)
+    run_train(char_tiny(char, "--max_iters=2"), char_data, char)
     import plot
     saved = {}
     real = plt.Figure.savefig

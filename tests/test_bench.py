@@ -1,6 +1,5 @@
 """bench.py, and the paper's complexity claim 'train activations O(K A)' measured."""
 
-import functools
 import json
 import os
 import subprocess
@@ -8,25 +7,23 @@ import sys
 
 import pytest
 
-from bench import model_config, run_worker
+from bench import model_config
 from flops import counted_train_flops, train_flops
-from conftest import ROOT, one_error_line, run_script
+from conftest import ROOT, measured_iter_mb, one_error_line, run_script
 
 
-def run_bench(models, tmp_path):
-    """python bench.py --preset=tiny --models=<models>: its JSON rows and the finished process."""
+def run_bench(models, tmp_path, *extra, timeout=600):
+    """python bench.py --preset=tiny --models=<models> <extra>: its JSON rows and the finished process."""
     out = tmp_path / "b.json"
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--preset=tiny", f"--models={models}",
-                        f"--json={out}"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+                        f"--json={out}", *extra], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
     assert p.returncode == 0, p.stderr
     return json.loads(out.read_text()), p
 
 
-@functools.lru_cache(maxsize=None)   # the same measurement serves several tests
 def iter_mem(N, T, K, **options):
-    spec = {"model": "hrm_nt4", "preset": "tiny", "device": "cpu", "train_batch": 4, "mem_env": True,
-            "override": {"N": N, "T": T, "K": K, "vocab_size": 256, **options}}
-    return run_worker("train", spec)["train_iter_mem_mb"]
+    """A training iteration's peak memory (MB) of HRM at the tiny preset with these N, T, K and options."""
+    return measured_iter_mb("hrm_nt4", "tiny", N=N, T=T, K=K, vocab_size=256, **options)
 
 
 def test_train_memory_is_O_K_not_O_M():
@@ -49,6 +46,7 @@ def test_full_backprop_at_flat_memory_with_grad_ckpt():
 # slow: minutes on 2 cores. CI measures the K window's and grad_ckpt's memory above; only this one measures
 # K_slow's (its gradient routing is checked in CI: test_equations.py's K_slow tests)
 @pytest.mark.slow
+@pytest.mark.time_limit(600)
 def test_K_slow_memory_grows_with_firings_not_M():
     """K_slow = 24 firings keeps 24 Slow-firing activations (plus the K Fast steps); with grad_ckpt only states."""
     k2, ks = iter_mem(24, 2, 2), iter_mem(24, 2, 2, K_slow=24)
@@ -69,6 +67,7 @@ def test_flop_model_options():
 # slow: minutes on 2 cores. CI checks these options' KV cache on the model (test_decoding.py's
 # test_kv_cache_size) and their FLOP model (test_flop_model_options); only this one runs bench.py's rows for them
 @pytest.mark.slow
+@pytest.mark.time_limit(600)
 def test_bench_beyond_rows(tmp_path):
     """Two rows of --models=beyond at the tiny preset: KV cache of the attending applications only."""
     (hybrid, ckpt), _ = run_bench("hrm_nt12_hybrid4,hrm_nt12_gradckpt_full", tmp_path)
@@ -118,6 +117,7 @@ def test_counted_flops_see_what_the_paper_model_leaves_out():
 # slow: a minute on 2 cores. CI runs the worker's train phase (the memory tests) and the FLOP models above;
 # only this one runs bench.py whole: every column of a row, the decode floor, the printed table
 @pytest.mark.slow
+@pytest.mark.time_limit(600)
 def test_bench_tiny_end_to_end(tmp_path):
     rows, p = run_bench("hrm_nt12,tf_l4,unitf_m12", tmp_path)
     assert [r["model"] for r in rows] == ["hrm_nt12", "tf_l4", "unitf_m12"]
@@ -144,12 +144,9 @@ def test_unknown_model_is_one_line():
 
 
 @pytest.mark.slow
+@pytest.mark.time_limit(900)
 def test_bench_compile(tmp_path):
     """--compile (about 90 s on 2 cores): the compiled forward gives the same kind of row."""
-    out = tmp_path / "b.json"
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--preset=tiny", "--models=hrm_nt4",
-                        "--compile", f"--json={out}"], capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert p.returncode == 0, p.stderr
-    (r,) = json.loads(out.read_text())
+    (r,), p = run_bench("hrm_nt4", tmp_path, "--compile", timeout=900)
     assert r["compiled"] is True and r["gen_tok_s_cached"] > 0 and r["latency_ms"] > 0
     assert "forward compiled" in p.stdout

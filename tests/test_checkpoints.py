@@ -12,21 +12,20 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
 from checkpoint import nonfinite_tensors
-from conftest import (ENV, HRM, ROOT, TINY, Evil, by_iter, copy_run, one_error_line, raw_log, run_script,
-                      run_train, snapshot, train_cmd)
+from conftest import (ENV, HRM, ROOT, TINY, Evil, by_iter, char_tiny, copy_run, one_error_line, patched, raw_log,
+                      read_until, run_script, run_train, snapshot, train_cmd, wait_for)
 
 # torch.save with a fault at its FAULT_AT_SAVE-th call: "full" writes part of the file and raises ENOSPC (a
 # full disk); "zip" raises torch's zip-writer RuntimeError instead; "hang" writes part of the file, touches
 # $MARKER and sleeps, for the test to SIGKILL mid-save.
 FAULTY_SAVE = r"""
-import errno, os, runpy, sys, time, torch
+import errno, os, time, torch
 calls = [0]
 real_save = torch.save
 def faulty_save(obj, f, *a, **k):
@@ -42,17 +41,12 @@ def faulty_save(obj, f, *a, **k):
         time.sleep(600)
     raise OSError(errno.ENOSPC, "No space left on device")
 torch.save = faulty_save
-sys.argv = sys.argv[1:]
-sys.path.insert(0, os.path.dirname(sys.argv[0]))
-runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
 def faulty_train(args, data_dir, out, tmp_path, fault, at, marker=None, wait=True):
     """train.py (TINY + args) with torch.save failing at its at-th call; a CompletedProcess, or a Popen if not wait."""
-    script = tmp_path / "faulty_save.py"
-    script.write_text(FAULTY_SAVE)
-    cmd = [sys.executable, str(script), *train_cmd(args, data_dir, out)[1:]]
+    cmd = patched(FAULTY_SAVE, tmp_path, train_cmd(args, data_dir, out))
     env = dict(ENV, FAULT_AT_SAVE=str(at), FAULT=fault, MARKER=marker or "")
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -72,9 +66,7 @@ def test_second_run_on_a_busy_out_dir_is_refused(data_dir, tmp_path):
     cmd = train_cmd(HRM + ["--max_iters=100000", "--eval_interval=100000"], data_dir, out)
     first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        for line in first.stdout:       # wait until it trains
-            if line.startswith("iter 1/"):
-                break
+        read_until(first, "iter 1/", timeout=120)       # wait until it trains
         log_before = open(os.path.join(out, "log.jsonl")).read()
         for extra in (["--overwrite=True"], ["--init_from=resume"]):
             p = run_train(HRM + ["--max_iters=2"] + extra, data_dir, out, check=False)
@@ -84,7 +76,7 @@ def test_second_run_on_a_busy_out_dir_is_refused(data_dir, tmp_path):
         assert first.poll() is None
     finally:
         first.kill()
-        first.wait()
+        first.communicate(timeout=60)
     # the OS dropped the lock with the process: the out_dir can be taken again
     p = run_train(HRM + ["--max_iters=2", "--overwrite=True"], data_dir, out)
     assert raw_log(out, "iter") == [0, 2]
@@ -150,11 +142,12 @@ def test_kill_mid_save_between_log_and_checkpoint(data_dir, tmp_path):
     # saves: ckpt.pt@2, ckpt_last.pt@2, ckpt.pt@4 <- killed while writing it, after the log line for iter 4
     marker = str(tmp_path / "writing")
     proc = faulty_train(args, data_dir, out, tmp_path, "hang", 3, marker, wait=False)
-    while not os.path.exists(marker):
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
+    try:
+        wait_for(lambda: os.path.exists(marker) or proc.poll() is not None, 120, "the save of iteration 4 to start")
+        assert os.path.exists(marker), proc.communicate(timeout=60)   # it ended without reaching the save
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert raw_log(out, "iter") == [0, 2, 4]
     best, last = (torch.load(os.path.join(out, n), weights_only=True) for n in ("ckpt.pt", "ckpt_last.pt"))
@@ -183,10 +176,8 @@ def test_signal_saves_and_resume_is_exact(sig, data_dir, tmp_path):
     run_train(args, data_dir, ref)
     proc = subprocess.Popen(train_cmd(args, data_dir, out), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=ENV)
-    for line in proc.stdout:
-        if line.startswith("iter 5/"):
-            proc.send_signal(sig)
-            break
+    read_until(proc, "iter 5/", timeout=120)
+    proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, stderr
     assert "Traceback" not in stderr
@@ -289,8 +280,8 @@ def test_diverged_model_never_becomes_the_best(data_dir, tmp_path):
                          "--decay_lr=False", "--max_nonfinite=3"], data_dir, out, check=False)
     assert p.returncode == 3, (p.returncode, p.stdout[-3000:], p.stderr[-3000:])
     assert "step skipped (1 in a row, 1 in all)" in p.stdout, p.stdout
-    assert "stopping at iter 3: 3 non-finite iterations in a row (max_nonfinite=3)" in p.stdout, p.stdout
-    assert "last good checkpoint: none (no evaluation beat the initial model)" in p.stdout, p.stdout
+    assert "train.py: error: stopping at iter 3: 3 non-finite iterations in a row (max_nonfinite=3)" in p.stderr, p.stderr
+    assert "last good checkpoint: none (no evaluation beat the initial model)" in p.stderr, p.stderr
     log = raw_log(out)
     initial = log[0]["val_loss"]
     assert any(r["val_loss"] is not None and r["val_loss"] > initial for r in log[1:]), log  # it did diverge
@@ -316,8 +307,8 @@ def test_non_finite_iterations_are_skipped_then_stop(data_dir, tmp_path):
                          "--warmup_iters=0", "--decay_lr=False", "--max_nonfinite=3"], data_dir, out, check=False)
     assert p.returncode == 3, p.stdout + p.stderr
     assert "step skipped (1 in a row, 1 in all)" in p.stdout
-    assert "stopping at iter 5: 3 non-finite iterations in a row" in p.stdout
-    assert f"last good checkpoint: {os.path.join(out, 'ckpt.pt')} (iter 2, val loss" in p.stdout, p.stdout
+    assert "stopping at iter 5: 3 non-finite iterations in a row" in p.stderr
+    assert f"last good checkpoint: {os.path.join(out, 'ckpt.pt')} (iter 2, val loss" in p.stderr, p.stderr
     after = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
     assert after["iter_num"] == 2                        # the NaN model was never saved
     for k in good["model"]:
@@ -400,21 +391,14 @@ def small_disk(tmp_path):
         d = tmp_path / f"disk{len(mounts)}"
         d.mkdir()
         p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True,
-                           text=True)
+                           text=True, timeout=60)
         if p.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here ({(p.stderr or 'mount failed').strip()[:120]})")
         mounts.append(d)
         return d
     yield mount
     for d in mounts:
-        subprocess.run(["umount", "-l", str(d)], capture_output=True)
-
-
-def char_tiny(out, *extra):
-    """The character HRM at the legacy run's sizes (ckpt_last.pt: 251 KB): the config file, then TINY's sizes
-    and the out_dir again (the file sets its own)."""
-    return ["config/char_hrm.py", "--n_embd=16", "--n_head=2", "--block_size=32", "--batch_size=4", "--eval_iters=4",
-            "--log_interval=1", "--warmup_iters=2", "--eval_interval=2", f"--out_dir={out}", *extra]
+        subprocess.run(["umount", "-l", str(d)], capture_output=True, timeout=60)
 
 
 def fill(folder):
@@ -520,9 +504,7 @@ def test_signal_during_an_evaluation_saves_and_resume_evaluates(char_data, tmp_p
     args = char_tiny(out, "--max_iters=2", "--eval_iters=400")   # an evaluation of a second or two
     proc = subprocess.Popen(train_cmd(args, char_data, out), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:   # the header comes just before the step-0 evaluation starts
-        if line.startswith("hrm:"):
-            break
+    read_until(proc, "hrm:", timeout=120)   # the header comes just before the step-0 evaluation starts
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)

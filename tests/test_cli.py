@@ -59,7 +59,7 @@ IN_PROCESS = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def world(trained, tmp_path_factory):
     """A tiny checkpoint and every bad input the CASES name; then all CASES run, two at a time."""
     tmp = tmp_path_factory.mktemp("faults")

@@ -1,5 +1,5 @@
-"""prepare.py and the data checks: the GPT-2 tokenizer offline, the Shakespeare slices and splits, local
-text, the character dataset and its unigram reference, check_dataset's corruptions, a prepare.py
+"""prepare.py (the writer) and data.py (the reader): the GPT-2 tokenizer offline, the Shakespeare slices and
+splits, local text, the character dataset and its unigram reference, check_dataset's corruptions, a prepare.py
 stopped or killed mid-way, and train.py refusing data that contradicts its meta.json."""
 
 import json
@@ -18,7 +18,7 @@ from conftest import ENV, HRM, ROOT, one_error_line, run_script, run_train, snap
 # --- the tokenizer, the Shakespeare plays and their split ----------------------------------------------
 
 def test_tokenizer_is_gpt2_offline():
-    from prepare import get_tokenizer
+    from data import get_tokenizer
     enc = get_tokenizer()
     assert enc.n_vocab == 50257 and enc.eot_token == 50256
     assert enc.encode("Hello world") == [15496, 995]  # GPT-2's ids
@@ -27,7 +27,8 @@ def test_tokenizer_is_gpt2_offline():
 
 
 def test_prepare_slice(data_dir):
-    from prepare import get_tokenizer, shakespeare_plays, split_documents
+    from data import get_tokenizer
+    from prepare import shakespeare_plays, split_documents
     d = os.path.join(data_dir, "shakespeare")
     meta = json.load(open(os.path.join(d, "meta.json")))
     arrays = {s: np.memmap(os.path.join(d, f"{s}.bin"), dtype=np.uint16, mode="r") for s in ("train", "val")}
@@ -62,7 +63,8 @@ def test_plays_are_plain_text():
 
 
 def test_char_dataset_and_unigram(tmp_path):
-    from prepare import get_codec, load_meta, prepare_chars, shakespeare_plays, split_documents, unigram_ce
+    from data import get_codec, load_meta, unigram_ce
+    from prepare import prepare_chars, shakespeare_plays, split_documents
     docs = shakespeare_plays()[:6]
     counts = prepare_chars(docs, str(tmp_path / "c"))
     meta = load_meta(str(tmp_path), "c")
@@ -108,7 +110,7 @@ def test_openwebtext_without_network_is_one_line(tmp_path, monkeypatch):
 
 def test_prepare_one_file_with_bad_bytes(tmp_path):
     """--input=FILE (a single document: split by its text) works; bytes that are not UTF-8 get a note."""
-    from prepare import check_dataset
+    from data import check_dataset
     f = tmp_path / "corpus.txt"
     f.write_bytes(b"".join(b"line %d of the only document\n" % i for i in range(200)) + b"caf\xe9 \xff\xfe\n")
     p = run_script("prepare.py", f"--data_dir={tmp_path}", "--dataset=single", f"--input={f}", "--num_proc=1",
@@ -121,7 +123,8 @@ def test_prepare_one_file_with_bad_bytes(tmp_path):
 
 
 def test_prepare_folder_of_one_document(tmp_path):
-    from prepare import check_dataset, main
+    from data import check_dataset
+    from prepare import main
     src = write_docs(str(tmp_path / "src"), 1)
     counts = main([f"--data_dir={tmp_path}", "--dataset=one", f"--input={src}", "--num_proc=1"])
     assert counts["train"] > counts["val"] > 0
@@ -131,7 +134,7 @@ def test_prepare_folder_of_one_document(tmp_path):
 # --- check_dataset: a prepared dataset passes, each corruption is named in one line ------------------
 
 def test_check_dataset_accepts_prepared_data(data_dir, tmp_path):
-    from prepare import check_dataset
+    from data import check_dataset
     meta = check_dataset(data_dir, "shakespeare")
     assert meta["tokenizer"] == "gpt2" and set(meta["tokens"]) == {"train", "val"}
 
@@ -163,7 +166,7 @@ def _corrupt(kind, d):
     ("count", "tokens but"), ("vocab", "token id"), ("tokenizer", "unknown tokenizer 'sentencepiece'"),
 ])
 def test_check_dataset_names_the_problem(data_dir, tmp_path, kind, word):
-    from prepare import check_dataset
+    from data import check_dataset
     d = tmp_path / "mine"
     shutil.copytree(os.path.join(data_dir, "shakespeare"), d)
     _corrupt(kind, d)
@@ -204,7 +207,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 @pytest.mark.parametrize("how", ["interrupt", "kill"])
 def test_prepare_stopped_mid_way_keeps_previous_dataset(tmp_path, how):
-    from prepare import check_dataset, main
+    from data import check_dataset
+    from prepare import main
     data = str(tmp_path / "data")
     main([f"--data_dir={data}", "--dataset=mine", f"--input={write_docs(str(tmp_path / 'old'), 3)}", "--num_proc=1"])
     with open(os.path.join(data, "mine", "notes.txt"), "w") as f:
@@ -234,14 +238,15 @@ def test_prepare_stopped_mid_way_keeps_previous_dataset(tmp_path, how):
 def test_prepare_settles_a_swap_cut_short(tmp_path, where):
     """A prepare.py killed inside the swap itself: the next run puts the previous dataset back (or keeps the
     new one) and carries the user's files over; check_dataset says where the old dataset went meanwhile."""
-    from prepare import check_dataset, main
+    from data import check_dataset
+    from prepare import main
     data = str(tmp_path / "data")
     docs = write_docs(str(tmp_path / "docs"), 3)
     main([f"--data_dir={data}", "--dataset=mine", f"--input={docs}", "--num_proc=1"])
     with open(os.path.join(data, "mine", "notes.txt"), "w") as f:
         f.write("mine")
     dead = subprocess.Popen(["true"])
-    dead.wait()
+    dead.wait(timeout=60)
     mine, old, tmp = (os.path.join(data, n) for n in ("mine", f"mine.old.{dead.pid}", f"mine.tmp.{dead.pid}"))
     os.rename(mine, old)                     # the first rename happened...
     if where == "between_renames":
@@ -260,7 +265,7 @@ def test_prepare_settles_a_swap_cut_short(tmp_path, where):
 
 
 def test_dataset_without_meta_json_is_refused_with_the_rebuild_command(data_dir, tmp_path):
-    from prepare import check_dataset
+    from data import check_dataset
     old = tmp_path / "old"   # token files without their meta.json: no tokenizer to read them with
     old.mkdir()
     for split in ("train", "val"):
@@ -296,7 +301,8 @@ def test_prepare_workers_die_with_it(tmp_path):
                             cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def children():
-        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True,
+                             timeout=60).stdout
         return [int(p) for p in out.split()]
     deadline = time.time() + 120
     while len(children()) < 2 and proc.poll() is None and time.time() < deadline:

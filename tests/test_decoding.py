@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from conftest import ENV, ROOT, V, make, one_error_line, run_script, run_train, tiny
+import engine
+from conftest import ENV, ROOT, V, char_tiny, make, one_error_line, run_script, run_train, tiny
 from model import build_model
 
 # --- cached decoding ------------------------------------------------------------------------------
@@ -32,12 +33,11 @@ def test_cached_logits_match_full_forward(cfg):
     idx = torch.randint(0, V, (2, 50), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         full, _ = m(idx)
-        cache = m.new_cache(2)
-        chunks = [m(idx[:, :12], cache=cache)[0]]                          # prefill
-        chunks += [m(idx[:, t:t + 1], cache=cache)[0] for t in range(12, 40)]  # one token at a time
-        chunks.append(m(idx[:, 40:], cache=cache)[0])                    # a chunk after the prefix
+        cache = engine.new_cache(m, 2)
+        chunks = [m(idx[:, :12], cache=cache)[0]]                                    # prefill
+        chunks += [m(idx[:, t:t + 1], cache=cache, pos=t)[0] for t in range(12, 40)]  # one token at a time
+        chunks.append(m(idx[:, 40:], cache=cache, pos=40)[0])                      # a chunk after the prefix
     cached = torch.cat(chunks, dim=1)
-    assert cache.pos == 50
     # HRM's cached logits match to ~3e-7 here (a key from a wrong slot moves them by ~1e-4 or less: its
     # attention enters through alpha = 0.1 and the gates), UniTF's to ~2e-5
     assert (cached - full).abs().max().item() < (1e-5 if cfg.arch == "hrm" else 1e-4)
@@ -101,10 +101,10 @@ def test_sampling_is_seeded_and_cache_agnostic():
 def test_kv_cache_size(cfg, apps):
     m = build_model(cfg)
     assert m.n_cache_apps() == apps
-    cache = m.new_cache(batch_size=3)
-    assert cache.nbytes() == m.kv_cache_bytes(cfg.block_size, batch_size=3)
-    assert m.kv_cache_bytes(100) == 2 * apps * 100 * cfg.n_embd * 4
-    assert m.kv_cache_bytes(100, dtype=torch.bfloat16) == 2 * apps * 100 * cfg.n_embd * 2
+    cache = engine.new_cache(m, batch_size=3)
+    assert cache.nbytes() == engine.kv_cache_bytes(m, cfg.block_size, batch_size=3)
+    assert engine.kv_cache_bytes(m, 100) == 2 * apps * 100 * cfg.n_embd * 4
+    assert engine.kv_cache_bytes(m, 100, dtype=torch.bfloat16) == 2 * apps * 100 * cfg.n_embd * 2
 
 
 # --- norm="pre" and the fast_only control: causality and the cache ---------------------------------
@@ -126,9 +126,9 @@ def test_pre_norm_and_fast_only_causality_and_cache(cfg):
     with torch.no_grad():
         full, _ = m(idx)
         b, _ = m(idx2)
-        cache = m.new_cache(2)
-        chunks = [m(idx[:, :12], cache=cache)[0]] + [m(idx[:, t:t + 1], cache=cache)[0] for t in range(12, 30)]
-        chunks.append(m(idx[:, 30:], cache=cache)[0])
+        cache = engine.new_cache(m, 2)
+        chunks = [m(idx[:, :12], cache=cache)[0]] + [m(idx[:, t:t + 1], cache=cache, pos=t)[0] for t in range(12, 30)]
+        chunks.append(m(idx[:, 30:], cache=cache, pos=30)[0])
     assert torch.equal(full[:, :13], b[:, :13]) and (full[:, 13:] - b[:, 13:]).abs().max() > 1e-4
     assert (torch.cat(chunks, 1) - full).abs().max().item() < 1e-4 and full.std() > 0.1
     c = m.config
@@ -214,7 +214,7 @@ def test_sample_streams_and_ctrl_c_keeps_the_text(ckpt_dir):
 def test_streamed_text_equals_decoding_it_all_at_once(ckpt_dir):
     """BPE tokens can end inside a character: the streamed text must still be decode(all tokens)."""
     from checkpoint import load_checkpoint, model_from_checkpoint
-    from prepare import get_codec
+    from data import get_codec
     ck = load_checkpoint(os.path.join(ckpt_dir, "ckpt.pt"))
     model = model_from_checkpoint(ck).eval()
     encode, decode = get_codec(ck["meta"])
@@ -229,8 +229,7 @@ def test_streamed_text_equals_decoding_it_all_at_once(ckpt_dir):
 @pytest.mark.slow   # trains a character model (CI time)
 def test_prompt_characters_outside_a_char_vocabulary_are_named(char_data, tmp_path):
     out = str(tmp_path / "c")
-    run_train(["config/char_hrm.py", "--n_embd=16", "--n_head=2", "--block_size=32", "--batch_size=4",
-               "--eval_iters=2", "--max_iters=2", "--eval_interval=2", f"--out_dir={out}"], char_data, out)
+    run_train(char_tiny(out, "--eval_iters=2", "--max_iters=2"), char_data, out)
     p = run_script("sample.py", f"--out_dir={out}", "--start=ROMEO: ☃{", "--num_samples=1", "--max_new_tokens=5")
     assert p.returncode == 0, p.stderr
     note = [l for l in p.stderr.splitlines() if l.startswith("note:")]

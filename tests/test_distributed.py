@@ -4,7 +4,6 @@ the numbers of one process; a config error stops every rank with one line each."
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -12,12 +11,12 @@ import pytest
 import torch
 
 from checkpoint import load_checkpoint, model_from_checkpoint
-from conftest import ENV, HRM, ROOT, by_iter, copy_run, one_error_line, raw_log, run_train
+from conftest import ENV, HRM, ROOT, by_iter, copy_run, one_error_line, progress_losses, raw_log, run_train
 
 # --- bf16: FSDP and DDP against one process, every architecture (tests/dist_equality.py) ----------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def equality():
     """{(case, mode): result} of tests/dist_equality.py on 2 gloo ranks, in bfloat16."""
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -48,18 +47,13 @@ def test_bf16_matches_one_process(equality, case, mode):
     assert r["scalar_dims"] == ([0] if case not in ("unitf", "transformer") else []), r["scalar_dims"]
 
 
-def train_losses(stdout):
-    """The per-iteration train loss of train.py's progress lines (log_interval=1)."""
-    return [float(x) for x in re.findall(r"^iter \d+/\d+ \([^)]*\): loss ([0-9.]+)", stdout, flags=re.M)]
-
-
 def test_fsdp_bf16_train_py_matches_one_process(data_dir, tmp_path):
     """train.py itself (its autocast settings under FSDP): 10 bf16 iterations of HRM on 2 FSDP ranks against one
     process, within 2e-3 at every iteration (before the fix: 0.10 apart at the end of the issue's run)."""
     args = HRM + ["--dtype=bfloat16", "--gradient_accumulation_steps=2", "--max_iters=10", "--eval_interval=10",
                   "--eval_iters=1"]
-    one = train_losses(run_train(args, data_dir, str(tmp_path / "one")).stdout)
-    two = train_losses(run_train(args + ["--fsdp=True"], data_dir, str(tmp_path / "fsdp"), nproc=2).stdout)
+    one = progress_losses(run_train(args, data_dir, str(tmp_path / "one")).stdout)
+    two = progress_losses(run_train(args + ["--fsdp=True"], data_dir, str(tmp_path / "fsdp"), nproc=2).stdout)
     assert len(one) == len(two) == 10
     assert max(abs(a - b) for a, b in zip(one, two)) < 2e-3, (one, two)
 

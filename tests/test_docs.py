@@ -1,8 +1,9 @@
 """Every command in the README's code blocks, run as written at tiny sizes.
 
-The commands run verbatim in bash, in a copy of the repository, with two shell functions in front:
-`python train.py ...` and `torchrun ...` get tiny model and run sizes appended (the configurator lets
-the last --key=value win), and torchrun starts 2 ranks instead of the README's 6. The pip install that
+The commands run verbatim in bash, in a fresh clone of the repository (conftest.fresh_clone), with two
+shell functions in front: `python train.py ...` and `torchrun ...` get tiny model and run sizes appended
+(conftest.TINY_README; the configurator lets the last --key=value win), and torchrun starts 2 ranks instead
+of the README's 6. Each test checks what its command printed and wrote (EXPECT), not only its exit status. The pip install that
 opens the two quick-start commands is left out (CI runs it); the test command is .ci/run itself.
 """
 
@@ -15,14 +16,12 @@ import sys
 
 import pytest
 
-from conftest import ROOT, snapshot
+from conftest import ROOT, TINY_README, fresh_clone, raw_log, sh_commands, snapshot
 
-TINY = ("--device=cpu --dtype=float32 --n_embd=32 --n_head=4 --block_size=32 --batch_size=2 --max_iters=2 "
-        "--eval_interval=2 --eval_iters=1 --log_interval=1 --warmup_iters=1")
 PRELUDE = f"""
 set -e
-python() {{ if [ "$1" = train.py ]; then command "$PY" "$@" {TINY}; else command "$PY" "$@"; fi; }}
-torchrun() {{ shift 2; "$PY" -m torch.distributed.run --standalone --nproc_per_node=2 "$@" {TINY}; }}
+python() {{ if [ "$1" = train.py ]; then command "$PY" "$@" {" ".join(TINY_README)}; else command "$PY" "$@"; fi; }}
+torchrun() {{ shift 2; "$PY" -m torch.distributed.run --standalone --nproc_per_node=2 "$@" {" ".join(TINY_README)}; }}
 """
 
 
@@ -32,18 +31,7 @@ DOCS = ["README.md", "docs/TRAINING.md", "docs/MEMORY.md", "docs/EXPERIMENTS.md"
 def readme_commands():
     """The ```sh blocks of the README and the docs pages, one command per entry (continuation lines and loops
     kept whole; a command two pages show is one entry)."""
-    text = "".join(open(os.path.join(ROOT, page)).read() for page in DOCS)
-    cmds = []
-    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
-        current = []
-        for line in block.splitlines():
-            current.append(line)
-            code = " ".join(l.split("#")[0] for l in current)
-            depth = len(re.findall(r"\bdo\b", code)) - len(re.findall(r"\bdone\b", code))
-            if not line.rstrip().endswith("\\") and depth <= 0:
-                cmds.append("\n".join(current))
-                current = []
-    return list(dict.fromkeys(cmds))
+    return list(dict.fromkeys(sh_commands("".join(open(os.path.join(ROOT, page)).read() for page in DOCS))))
 
 
 def strip_pip(cmd):
@@ -51,33 +39,40 @@ def strip_pip(cmd):
 
 
 QUICK_START = "shakespeare_char && python train.py config/char_hrm.py"
-FAST = [QUICK_START,                                            # first: the commands after it use its data and run
-        "--init_from=out-char-hrm --out_dir=out-char-hrm-ft", "--learning_rate=1e-3 --out_dir=out-hrm-lr1e-3",
+INIT_FROM = "--init_from=out-char-hrm --out_dir=out-char-hrm-ft"   # starts from the quick start's run
+FAST = [QUICK_START, INIT_FROM, "--learning_rate=1e-3 --out_dir=out-hrm-lr1e-3",
         "nproc_per_node=6 train.py config/equalparam_nt8.py", "config/equalparam_nt8.py --device=cpu"]
 SLOW = ["out-hps-hrm", "out-hps-tf", "out-ms-hrm",   # the HPSearch and MultiSeed loops: 22 torchrun runs
         "tfbaseline_tf_l12.py --batch_size=4",            # plain DDP, which the paper-config line in FAST runs
         "tfbaseline_tf_l12.py --fsdp=True",               # CI time: tests/test_distributed.py runs FSDP in CI
-        "--markdown=80,96",                                          # docs/MEMORY.md's table: 32 configs planned
         "ckpt_memory.py --label=after",                   # a 144M-parameter model on 2 ranks, twice (2 min)
         "config/shakespeare_hrm.py && python sample.py",   # CI time: the BPE data and HRM train in other CI tests
         "--nproc_per_node=2 train.py config/char_hrm.py"]  # CI time: test_distributed runs 2 gloo ranks in CI
+ELSEWHERE = {"--markdown=80,96": ("tests/test_plan.py", "test_memory_table_is_plans_output")}   # run, output checked
 
 
 def test_every_readme_command_is_covered():
-    """A command added to the README fails here until a test below runs it."""
+    """A command added to the README fails here until a test below (or the one ELSEWHERE names) runs it."""
     for cmd in readme_commands():
         if strip_pip(cmd) == "python -m pytest":
             assert open(os.path.join(ROOT, ".ci", "run")).read().count("python -m pytest") == 1
             continue
-        assert sum(key in cmd for key in FAST + SLOW) == 1, cmd
+        assert sum(key in cmd for key in FAST + SLOW + list(ELSEWHERE)) == 1, cmd
+    for path, test in ELSEWHERE.values():
+        assert f"def {test}(" in open(os.path.join(ROOT, path)).read(), (path, test)
 
 
-@pytest.fixture(scope="module")
+def command(key):
+    (cmd,) = [c for c in readme_commands() if key in c]
+    return cmd
+
+
+@pytest.fixture(scope="session")
 def repo(tmp_path_factory, data_dir):
-    """A copy of the repository's code with the session's BPE Shakespeare slice (the commands that use it run
+    """A fresh clone of the repository with the session's BPE Shakespeare slice (the commands that use it run
     at tiny sizes) and an OpenWebText stand-in; the quick start prepares its own character data."""
     d = tmp_path_factory.mktemp("readme") / "repo"
-    shutil.copytree(ROOT, d, ignore=shutil.ignore_patterns(".git", "data", "out*", "__pycache__", "docs", "*.png"))
+    fresh_clone(d)
     shutil.copytree(os.path.join(data_dir, "shakespeare"), d / "data" / "shakespeare")
     texts = d / "owt_standin"
     texts.mkdir()
@@ -85,7 +80,7 @@ def repo(tmp_path_factory, data_dir):
     for i, play in enumerate(shakespeare_plays()[:12]):
         (texts / f"p{i}.txt").write_text(play[-1] if isinstance(play, tuple) else play)
     subprocess.run([sys.executable, "prepare.py", "--dataset=openwebtext", f"--input={texts}", "--num_proc=1"],
-                   cwd=d, check=True, capture_output=True)
+                   cwd=d, check=True, capture_output=True, timeout=300)
     return d
 
 
@@ -97,25 +92,100 @@ def run(cmd, repo):
     return p
 
 
+@pytest.fixture(scope="session")
+def quick_start(repo):
+    """The quick start pasted once into the fresh clone: its output. The commands that go on from its run
+    (INIT_FROM) ask for this fixture, so each test runs alone and in any order."""
+    return run(command(QUICK_START), repo)
+
+
+# What each command prints and writes, at TINY_README's sizes (2 iterations, evaluations at 0 and 2)
+
+def trained(p, repo, out_dir, ranks=1):
+    """train.py ran to its end in repo/out_dir: the step-2 evaluation printed and logged, the checkpoints written;
+    returns the checkpoint's config."""
+    assert re.search(rf"^\w+: [\d,]+ parameters \| .*, {ranks} rank\(s\)\)", p.stdout, flags=re.M), p.stdout[-2000:]
+    m = re.search(r"^step 2: train loss ([\d.]+), val loss ([\d.]+)", p.stdout, flags=re.M)
+    assert m and re.search(r"^done: 2 iterations, best val loss", p.stdout, flags=re.M), p.stdout[-2000:]
+    log = raw_log(str(repo / out_dir))
+    assert [r["iter"] for r in log] == [0, 2] and f"{log[-1]['val_loss']:.4f}" == m[2], (log, m[0])
+    import torch
+    ck = torch.load(repo / out_dir / "ckpt_last.pt", weights_only=True)
+    assert ck["iter_num"] == 2 and (repo / out_dir / "ckpt.pt").exists()
+    return ck["config"]
+
+
+def sampled(p, repo, start, new_tokens):
+    """sample.py's text, the last line(s) of stdout: the prompt, then new_tokens characters of the run's vocabulary
+    (one token each), then a newline."""
+    n = len(start) + new_tokens + 1
+    before, text = p.stdout[:-n], p.stdout[-n:]
+    chars = json.load(open(repo / "data" / "shakespeare_char" / "meta.json"))["chars"]
+    assert before.endswith("\n") and text.startswith(start) and text.endswith("\n"), p.stdout[-2000:]
+    assert set(text[len(start):-1]) <= set(chars), text
+    assert f"--------------- ({new_tokens} tokens in" in p.stderr and "cached" in p.stderr, p.stderr[-2000:]
+    return text
+
+
+def check_quick_start(p, repo):
+    assert re.search(r"^vocabulary: \d+ characters; val holds", p.stdout, flags=re.M), p.stdout[:2000]
+    for name in ("train.bin", "val.bin", "meta.json"):
+        assert (repo / "data" / "shakespeare_char" / name).exists(), name
+    assert trained(p, repo, "out-char-hrm")["dataset"] == "shakespeare_char"
+    text = sampled(p, repo, "ROMEO:", 300)
+    # pasted again: nothing is prepared or trained again, and the same scene comes out (sample.py's seed)
+    run_dir = repo / "out-char-hrm"
+    before = snapshot(str(run_dir)), snapshot(str(repo / "data" / "shakespeare_char"))
+    again = run(command(QUICK_START), repo)
+    assert "is up to date" in again.stdout and "finished" in again.stdout and "nothing to do" in again.stdout
+    assert "vocabulary:" not in again.stdout and "step 0:" not in again.stdout, again.stdout
+    assert sampled(again, repo, "ROMEO:", 300) == text
+    assert (snapshot(str(run_dir)), snapshot(str(repo / "data" / "shakespeare_char"))) == before
+
+
+def check_init_from(p, repo):
+    assert "starting from the weights of out-char-hrm/ckpt.pt (iter 2)" in p.stdout, p.stdout[-2000:]
+    config = trained(p, repo, "out-char-hrm-ft")
+    assert (config["learning_rate"], config["min_lr"]) == (3e-4, 3e-5), config
+
+
+def check_lr_override(p, repo):
+    config = trained(p, repo, "out-hrm-lr1e-3")
+    assert config["learning_rate"] == 1e-3 and config["dataset"] == "shakespeare", config   # the file, then overrides
+
+
+def check_paper_config_ddp(p, repo):
+    config = trained(p, repo, "out-equalparam_nt8", ranks=2)
+    assert config["dataset"] == "openwebtext" and config["gradient_accumulation_steps"] == 6, config
+    assert "6 x 2 x 32, 2 rank(s)" in p.stdout, p.stdout[-2000:]
+
+
+def check_paper_config_smoke(p, repo):
+    config = trained(p, repo, "out-smoke")
+    assert config["dataset"] == "openwebtext" and config["device"] == "cpu", config
+
+
+EXPECT = dict(zip(FAST, [check_quick_start, check_init_from, check_lr_override, check_paper_config_ddp,
+                         check_paper_config_smoke]))
+
+
 @pytest.mark.parametrize("key", FAST)
-def test_readme_command_runs(key, repo):
-    (cmd,) = [c for c in readme_commands() if key in c]
-    p = run(cmd, repo)
-    if "sample.py" in cmd:   # it trained and sampled: text came out
-        assert "tok/s" in p.stderr and len(p.stdout.strip()) > 20, p.stdout
-    if key == QUICK_START:   # pasted again: nothing is prepared or trained again, and it samples again
-        run_dir = repo / "out-char-hrm"
-        before = snapshot(str(run_dir)), snapshot(str(repo / "data" / "shakespeare_char"))
-        again = run(cmd, repo)
-        assert "is up to date" in again.stdout and "finished" in again.stdout and "nothing to do" in again.stdout
-        assert "tok/s" in again.stderr and again.stdout.count("ROMEO:") >= 1, again.stdout
-        assert (snapshot(str(run_dir)), snapshot(str(repo / "data" / "shakespeare_char"))) == before
+def test_readme_command_runs(key, repo, request):
+    """Each command, run as written, prints and writes what shows it did its job (EXPECT), not only exit 0."""
+    if key == QUICK_START:
+        p = request.getfixturevalue("quick_start")
+    else:
+        if key == INIT_FROM:
+            request.getfixturevalue("quick_start")   # the run it starts from
+        p = run(command(key), repo)
+    EXPECT[key](p, repo)
 
 
 @pytest.mark.slow
+@pytest.mark.time_limit(900)   # the HPSearch loop: 8 torchrun runs; ckpt_memory.py: 2 minutes
 @pytest.mark.parametrize("key", SLOW)
 def test_readme_loops_run(key, repo):
-    (cmd,) = [c for c in readme_commands() if key in c]
+    cmd = command(key)
     if "config/char_hrm.py" in cmd:   # the README runs these after the quick start, which prepares the data
         run("python prepare.py --dataset=shakespeare_char", repo)
     run(cmd, repo)
@@ -142,7 +212,7 @@ def quick_start_losses():
     return {int(i): float(v) for i, v in zip(its, vals)}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def all_plays_char(tmp_path_factory):
     """The quick start's dataset: every play, one token per character (python prepare.py --dataset=shakespeare_char)."""
     from prepare import prepare_chars, shakespeare_plays
@@ -158,7 +228,7 @@ def run_quick_start(data, out, max_iters):
            f"--out_dir={out}", f"--max_iters={max_iters}", "--lr_decay_iters=400"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
-    return {r["iter"]: r["val_loss"] for r in map(json.loads, open(os.path.join(out, "log.jsonl")))}
+    return {r["iter"]: r["val_loss"] for r in raw_log(out)}
 
 
 def assert_close_to_readme(got, quoted, iters):
@@ -175,6 +245,7 @@ def test_quick_start_first_losses_are_the_readmes(all_plays_char, tmp_path):
 
 
 @pytest.mark.slow   # the whole quick start (400 iterations); CI checks its first 100 above
+@pytest.mark.time_limit(1800)
 def test_quick_start_losses_are_the_readmes(all_plays_char, tmp_path):
     quoted = quick_start_losses()
     got = run_quick_start(all_plays_char, str(tmp_path / "qs"), 400)

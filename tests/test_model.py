@@ -7,22 +7,11 @@ import math
 import pytest
 import torch
 
-from conftest import V, make, tiny
+from conftest import PAPER_SIZES, V, make, tiny
 from model import ModelConfig, apply_rope, build_model, rope_table
 
 # --- docs/MODEL.md section 3: the paper's sizes, to the parameter --------------------------------------
 
-PAPER_SIZES = [
-    (dict(arch="hrm", n_embd=4096, N=4, T=3, K=2), 1_229_357_059),
-    (dict(arch="hrm", n_embd=2048, N=4, T=9, K=2), 358_825_987),
-    (dict(arch="hrm", n_embd=5120, N=3, T=3, K=2), 1_856_512_003),
-    (dict(arch="transformer", n_embd=4096, n_layer=2), 742_739_968),
-    (dict(arch="transformer", n_embd=4096, n_layer=4), 1_279_627_264),
-    (dict(arch="transformer", n_embd=4096, n_layer=12), 3_427_176_448),
-    (dict(arch="unitf", n_embd=4096, M=12), 474_296_320),
-    (dict(arch="unitf", n_embd=5760, M=12), 820_333_440),
-    (dict(arch="unitf", n_embd=7296, M=12), 1_218_395_520),
-]
 
 
 @pytest.mark.parametrize("kw,expected", PAPER_SIZES)
@@ -282,18 +271,18 @@ def test_fast_attn_steps_zero_has_no_attention():
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_skipped_attention_is_a_zero(norm):
-    """A block applied with cache_slot=None equals the same block whose attention adds a = 0 (W_o = 0)."""
+    """A block applied with attend=False equals the same block whose attention adds a = 0 (W_o = 0)."""
     from model import CausalAttnBlock
     torch.manual_seed(0)
     b = CausalAttnBlock(32, 4, norm)
     x = torch.randn(2, 7, 32)
     rope = rope_table(16, 8)
-    got = b(x, rope, cache_slot=None)
+    got = b(x, rope, attend=False)
     with torch.no_grad():
         b.attn.proj.weight.zero_()
     torch.testing.assert_close(got, b(x, rope), rtol=0, atol=1e-6)
     # position-wise: a shorter input gives the same rows (up to BLAS blocking, which varies with shape)
-    torch.testing.assert_close(got[:, :3], b(x[:, :3], rope, cache_slot=None), rtol=0, atol=1e-6)
+    torch.testing.assert_close(got[:, :3], b(x[:, :3], rope, attend=False), rtol=0, atol=1e-6)
 
 
 def test_fast_attn_steps_M_is_the_paper(batch):

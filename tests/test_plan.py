@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from bench import model_config, run_worker
-from conftest import ROOT, one_error_line, run_script
+from bench import model_config
+from conftest import ROOT, md_tables, measured_iter_mb, one_error_line, patched, run_script, sh_commands
 from model import ModelConfig, build_model
 from plan import count_iteration
 
@@ -21,8 +21,7 @@ def test_plan_matches_a_measured_float32_iteration(name):
     process whose allocator returns every freed block: bench.py's method). The issue's bar is 15%; measured
     it is within 0.1% for HRM, the Transformer and UniTF, so the test holds it to 5%."""
     over = {"vocab_size": 300}    # not 4d = 1024 nor d: the logits are told apart by their last dimension
-    spec = {"model": name, "preset": "cpu", "device": "cpu", "train_batch": 4, "mem_env": True, "override": over}
-    measured = run_worker("train", spec)["train_iter_mem_mb"] * 2**20
+    measured = measured_iter_mb(name, "cpu", **over) * 2**20
     counted = count_iteration(model_config(name, "cpu", **over), 4, torch.float32, grads_persistent=False, seq=256)
     assert abs(counted["iteration_peak"] / measured - 1) < 0.05, (counted, measured / 2**20)
     assert counted["logits"] < counted["activations"] < counted["iteration_peak"]
@@ -49,13 +48,19 @@ def test_bf16_saves_half_and_keeps_one_cast_of_each_weight():
     assert 0.45 < (bf16["activations"] - bf16["logits"]) / (fp32["activations"] - fp32["logits"]) < 0.75
 
 
-def test_paper_configs_planned_without_memory():
+MAXRSS = """
+import resource
+def finish():
+    print("MAXRSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_paper_configs_planned_without_memory(tmp_path):
     """python plan.py <paper configs> --gpu_mem_gb=80: verdicts, largest micro-batch, a command line that keeps
     the global batch; a few hundred MB (nothing is allocated at paper size)."""
-    code = ("import resource, runpy, sys; sys.argv = ['plan.py', 'config/equalparam_nt12.py', "
-            "'config/tfbaseline_tf_l12.py', '--gpu_mem_gb=80']\ntry:\n    runpy.run_path('plan.py', run_name='__main__')\n"
-            "finally:\n    print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    cmd = patched(MAXRSS, tmp_path, [sys.executable, "plan.py", "config/equalparam_nt12.py",
+                                     "config/tfbaseline_tf_l12.py", "--gpu_mem_gb=80"])
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert int(p.stdout.split("MAXRSS_KB")[1]) < 1_000_000                    # < 1 GB: no paper-size tensor
     hrm, tf = p.stdout.split("config/tfbaseline_tf_l12.py:")
@@ -76,6 +81,29 @@ def test_plan_errors_are_one_line(tmp_path):
                                                           for a in ("--gpu_mem_gb=inf", "--reserve_gb=nan")]])
 def test_plan_refuses_non_finite_sizes(arg):
     p = subprocess.run([sys.executable, os.path.join(ROOT, "plan.py"), "config/equalparam_nt12.py", arg],
-                       capture_output=True, text=True, cwd=ROOT)
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 2 and p.stderr.startswith("plan.py: error:") and "finite" in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+# --- docs/MEMORY.md's table is plan.py's output ------------------------------------------------------------------
+
+def test_memory_table_is_plans_output():
+    """The command docs/MEMORY.md shows, run as written (in bash, in the repository), prints the page's table
+    exactly: every config it plans, with their sizes and verdicts. (tests/test_docs.py counts this command as run.)"""
+    page = open(os.path.join(ROOT, "docs", "MEMORY.md")).read()
+    (cmd,) = [c for c in sh_commands(page) if "--markdown=" in c]
+    p = subprocess.run(["bash", "-c", f"set -eo pipefail; {cmd}"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    (printed,) = md_tables(p.stdout)
+    header = printed.splitlines()[0]
+    committed = [t for t in md_tables(page) if t.splitlines()[0] == header]
+    assert len(committed) == 1, f"docs/MEMORY.md has {len(committed)} tables headed {header!r}"
+    assert len(printed.splitlines()) > 2 + 20, printed   # the paper's configs, not an empty table
+    if committed[0] != printed:
+        diff = [f"docs/MEMORY.md: {a}\nplan.py now:   {b}"
+                for a, b in zip(committed[0].splitlines(), printed.splitlines()) if a != b]
+        pytest.fail(f"docs/MEMORY.md's table is not what `{cmd}` prints (run it and paste its output):\n"
+                    + "\n".join(diff or [f"{len(committed[0].splitlines())} rows vs {len(printed.splitlines())}"]),
+                    pytrace=False)

@@ -1,11 +1,18 @@
 """docs/RESULTS.md against its data: every table in it is printed by docs/sweep.py, docs/long_run.py or
 docs/beyond_paper.py from the logs committed under docs/logs/ alone, and nothing those scripts print is
-missing from it; drawing the plots again changes no committed plot; and the sweep's bookkeeping (which
-runs are finished, which learning rate is best and settled, the standard errors) reads those logs."""
+missing from it; drawing the plots again draws the data of the committed plots; and the sweep's bookkeeping
+(which runs are finished, which learning rate is best and settled, the standard errors) reads those logs.
 
+The plots are compared by what they show, not by their bytes (which change with matplotlib's version):
+tests/data/plots.json holds, for each committed PNG, its sha256 and the data of its figure (every line's
+points, every band's corners, the titles, labels, scales and legends), recorded when the PNGs were drawn.
+After drawing the plots again from new logs, record them with `python tests/test_results.py`."""
+
+import hashlib
 import json
 import math
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -13,50 +20,57 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, fresh_clone, md_tables, patched
 
 sys.path.insert(0, os.path.join(ROOT, "docs"))
 import sweep  # noqa: E402
 
 SCRIPTS = ("sweep.py", "long_run.py", "beyond_paper.py")
-PLOTS = ("sweep_lr.png", "sweep_curves.png", "depth.png", "long_run.png", "beyond_paper.png")
+PLOTS = ("sweep_lr.png", "bpe_lr.png", "sweep_curves.png", "depth.png", "long_run.png", "beyond_paper.png")
+PLOT_DATA = os.path.join(ROOT, "tests", "data", "plots.json")
+
+# In the scripts' process: each figure they save is also pickled to $FIGURES/<name>.pickle, for figure_data.
+RECORD_FIGURES = """
+import os, pickle
+import matplotlib
+matplotlib.use("Agg")
+from matplotlib.figure import Figure
+_savefig = Figure.savefig
+def savefig(fig, fname, *args, **kwargs):
+    with open(os.path.join(os.environ["FIGURES"], os.path.basename(str(fname)) + ".pickle"), "wb") as f:
+        pickle.dump(fig, f)
+    return _savefig(fig, fname, *args, **kwargs)
+Figure.savefig = savefig
+"""
 
 
-def md_tables(text):
-    """Every markdown table in text: runs of lines starting with '|', each run one string."""
-    tables, cur = [], []
-    for line in text.splitlines() + [""]:
-        if line.startswith("|"):
-            cur.append(line.rstrip())
-        elif cur:
-            tables.append("\n".join(cur))
-            cur = []
-    return tables
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def checkout(tmp_path_factory):
     """The repository's files as a fresh clone has them (tracked and not ignored): no out-*/ runs, no data/."""
-    dst = tmp_path_factory.mktemp("checkout")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split("\n")
-    for f in filter(None, files):
-        if os.path.exists(os.path.join(ROOT, f)):
-            os.makedirs(os.path.dirname(os.path.join(dst, f)), exist_ok=True)
-            shutil.copy2(os.path.join(ROOT, f), os.path.join(dst, f))
-    return str(dst)
+    return fresh_clone(tmp_path_factory.mktemp("checkout"))
 
 
-def tables_of(checkout, script):
-    p = subprocess.run([sys.executable, f"docs/{script}", "--tables"], cwd=checkout, capture_output=True,
-                       text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+def tables_of(checkout, script, figures=None):
+    """python docs/<script> --tables in checkout: (stdout, stderr); with figures (a folder), each figure it saves
+    is pickled there too."""
+    cmd = [sys.executable, f"docs/{script}", "--tables"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if figures:
+        cmd, env["FIGURES"] = patched(RECORD_FIGURES, figures, cmd), str(figures)
+    p = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout, p.stderr
 
 
-@pytest.fixture(scope="module")
-def printed(checkout):
-    return {s: tables_of(checkout, s) for s in SCRIPTS}
+@pytest.fixture(scope="session")
+def figures(tmp_path_factory):
+    """The folder where the scripts' figures, drawn from the committed logs, are pickled."""
+    return tmp_path_factory.mktemp("figures")
+
+
+@pytest.fixture(scope="session")
+def printed(checkout, figures):
+    return {s: tables_of(checkout, s, figures) for s in SCRIPTS}
 
 
 def test_every_results_table_is_printed_from_the_committed_logs(checkout, printed):
@@ -88,10 +102,112 @@ def png(folder, name):
         return f.read()
 
 
-def test_redrawing_changes_no_committed_plot(checkout, printed):
+def figure_data(fig):
+    """What a matplotlib Figure shows, as JSON-able data that does not depend on matplotlib's version: per axes
+    its title, labels, scales and legend, each line's label, style and points, each collection's (a band's, an
+    error bar's) colour and corners. Floats to 10 significant digits; lines and collections sorted."""
+    import numpy as np
+    from matplotlib.colors import to_hex
+
+    def num(v):
+        v = float(v)
+        return float(f"{v:.10g}") if math.isfinite(v) else repr(v)   # NaN as "nan": JSON's NaN != NaN
+
+    def label(artist):
+        text = artist.get_label()
+        return None if text.startswith("_") else text   # "_child3": matplotlib's own name, not drawn
+
+    def colours(c):   # a collection's colours: an N x 4 array, N = 0 where it has none
+        return [to_hex(rgba, keep_alpha=True) for rgba in np.atleast_2d(c) if len(rgba)]
+
+    axes = []
+    for ax in fig.axes:
+        lines = [{"label": label(l), "color": to_hex(l.get_color(), keep_alpha=True), "linestyle": l.get_linestyle(),
+                  "marker": str(l.get_marker()), "points": [[num(x), num(y)] for x, y in l.get_xydata()]}
+                 for l in ax.get_lines()]
+        collections = [{"label": label(c), "facecolors": colours(c.get_facecolor()),
+                        "edgecolors": colours(c.get_edgecolor()),
+                        "corners": sorted({(num(x), num(y)) for path in c.get_paths() for x, y in path.vertices},
+                                          key=repr)}
+                       for c in ax.collections]
+        legend = ax.get_legend()
+        axes.append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+                     "xscale": ax.get_xscale(), "yscale": ax.get_yscale(),
+                     "legend": [t.get_text() for t in legend.get_texts()] if legend else [],
+                     "lines": sorted(lines, key=json.dumps), "collections": sorted(collections, key=json.dumps)})
+    return json.loads(json.dumps(axes))   # tuples to lists: as read back from plots.json
+
+
+def drawn_figures(folder):
+    """{png name: figure_data} of every figure pickled in folder."""
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".png.pickle"):
+            with open(os.path.join(folder, name), "rb") as f:
+                out[name[:-len(".pickle")]] = figure_data(pickle.load(f))
+    return out
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def first_difference(a, b, where=""):
+    """Where two JSON values first differ, in words (for the failure message)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return first_difference(a.get(k), b.get(k), f"{where}.{k}")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return first_difference(x, y, f"{where}[{i}]")
+    return f"{where}: recorded {json.dumps(a)[:300]}, drawn now {json.dumps(b)[:300]}"
+
+
+def test_redrawing_draws_the_committed_plots(checkout, printed, figures):
+    """Each plot drawn again from the committed logs shows what the committed PNG was drawn from (its data as
+    recorded in tests/data/plots.json), whatever matplotlib's version."""
     assert any("wrote docs/" in printed[s][0] for s in SCRIPTS), "no script drew its plots from the committed logs"
+    with open(PLOT_DATA) as f:
+        recorded = json.load(f)
+    drawn = drawn_figures(figures)
+    assert sorted(drawn) == sorted(recorded) == sorted(PLOTS), (sorted(drawn), sorted(recorded))
     for name in PLOTS:
-        assert png(checkout, name) == png(ROOT, name), f"docs/{name} changed when drawn from the committed logs"
+        assert drawn[name] == recorded[name]["figure"], (
+            f"docs/{name} drawn from the committed logs differs from the data recorded for the committed plot, at "
+            f"{first_difference(recorded[name]['figure'], drawn[name], 'axes')}; if the logs or the drawing changed "
+            "on purpose, run python tests/test_results.py (it draws the plots again and records them)")
+
+
+def test_each_committed_plot_is_the_one_recorded():
+    """The committed PNGs are the ones whose data tests/data/plots.json holds (drawn and recorded together)."""
+    with open(PLOT_DATA) as f:
+        recorded = json.load(f)
+    for name in PLOTS:
+        assert sha256(os.path.join(ROOT, "docs", name)) == recorded[name]["sha256"], (
+            f"docs/{name} is not the plot tests/data/plots.json records: draw the plots and record them with "
+            "python tests/test_results.py")
+
+
+def record_plots():
+    """Draw the plots from the committed logs into docs/ (the scripts' --tables) and record each one's data and
+    sha256 in tests/data/plots.json."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        for script in SCRIPTS:
+            tables_of(ROOT, script, folder)
+        drawn = drawn_figures(folder)
+    missing = sorted(set(PLOTS) - set(drawn))
+    if missing:
+        sys.exit(f"test_results.py: error: not drawn (unsettled or missing runs): {', '.join(missing)}")
+    data = {name: {"sha256": sha256(os.path.join(ROOT, "docs", name)), "figure": drawn[name]} for name in PLOTS}
+    text = json.dumps(data, indent=1, sort_keys=True)
+    text = re.sub(r"\[\s+([^\s\[\]{},]+),\s+([^\s\[\]{},]+)\s+\]", r"[\1, \2]", text)   # a point on one line
+    with open(PLOT_DATA, "w") as f:
+        f.write(text + "\n")
+    print(f"recorded {len(data)} plots in {os.path.relpath(PLOT_DATA, ROOT)}")
 
 
 def test_missing_logs_keep_the_committed_plots(checkout, tmp_path):
@@ -194,7 +310,7 @@ def test_runners_stop_before_any_run_without_data(checkout):
     for script in ("sweep.py", "long_run.py"):
         p = subprocess.run([sys.executable, f"docs/{script}"], cwd=checkout, capture_output=True, text=True,
                            timeout=120)
-        assert p.returncode == 1 and p.stderr.strip() == (f"{script}: error: data/shakespeare_char not found; "
+        assert p.returncode == 2 and p.stderr.strip() == (f"{script}: error: data/shakespeare_char not found; "
                                                           "run python prepare.py --dataset=shakespeare_char"), p.stderr
         assert not os.path.exists(os.path.join(checkout, "out-long")) and not os.path.exists(os.path.join(checkout, "out-sweep"))
 
@@ -214,3 +330,7 @@ def test_a_cut_off_checkpoint_is_not_read(monkeypatch, tmp_path):
     monkeypatch.setattr(analyze, "load", lambda *a, **k: (None, {"iter_num": 2200}))   # cut off at 2200 of 4000
     assert sweep.analysis(str(out_dir)) is None
     assert not os.path.exists(sweep.analysis_path(str(out_dir)))
+
+
+if __name__ == "__main__":
+    record_plots()

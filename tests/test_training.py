@@ -7,13 +7,13 @@ import glob
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import ENV, HRM, ROOT, copy_run, one_error_line, raw_log, run_script, run_train, snapshot, train_cmd
-from configurator import ConfigError, apply_config
+from conftest import (ENV, HRM, PAPER_MODELS, ROOT, char_tiny, copy_run, one_error_line, patched, progress_losses,
+                      raw_log, run_script, run_train, snapshot, train_cmd)
+from configurator import ConfigError, apply_config, read_settings
 from model import ModelConfig, build_model
 from plan import train_defaults
 
@@ -128,20 +128,13 @@ def paper_size(arch, d, n_layer, V=50257):
     return 16 * d * d + 2 * d + V * d
 
 
-PAPER_ROWS = {  # the paper's rounded sizes (millions), as a second check on the formula
-    "equalparam_nt8": 1229, "equalparam_tf_l2": 743, "equalparam_tf_l4": 1280, "equalflops_tf_l12": 3427,
-    "equalflops_hrm_d2048_nt36": 359, "equalflops_hrm_d5120_nt9": 1857, "unitf_d4096": 474,
-    "unitf_d5760": 820, "unitf_d7296": 1218,
-}
-
-
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "config", "*.py")))
 
 
 def test_config_dir_covers_the_paper():
     names = {os.path.basename(p)[:-3] for p in CONFIGS}
     assert "equalparam_nt8" in names and len(names) >= 30
-    assert set(PAPER_ROWS) <= names
+    assert set(PAPER_MODELS) <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
@@ -155,8 +148,8 @@ def test_config_loads_and_builds(path):
     extra = cfg["n_embd"] if cfg["norm"] == "pre" and cfg["arch"] != "hrm" else 0      # pre-norm's final norm
     assert n == paper_size(cfg["arch"], cfg["n_embd"], cfg["n_layer"], V=cfg["vocab_size"]) - H_net + extra
     name = os.path.basename(path)[:-3]
-    if name in PAPER_ROWS:
-        assert round(n / 1e6) == PAPER_ROWS[name]
+    if name in PAPER_MODELS:   # the paper's nine models, to the parameter, as a second check on the formula
+        assert n == PAPER_MODELS[name][1]
     if not name.startswith(("shakespeare", "char_")):
         assert cfg["dataset"] == "openwebtext" and cfg["block_size"] == 1024 and cfg["batch_size"] == 12
         assert cfg["batch_size"] * cfg["gradient_accumulation_steps"] == 72  # 12 x 6 GPUs
@@ -214,9 +207,7 @@ def test_help_lists_every_setting_with_its_default(script):
     p = run_script(f"{script}.py", "--help", timeout=120)
     assert p.returncode == 0 and not p.stderr, p.stderr
     if script in ("train", "sample"):  # configurator scripts: every global of the settings block
-        src = open(os.path.join(ROOT, f"{script}.py")).read()
-        block = src.split("# " + "-" * 77)[1]
-        keys = re.findall(r"^(\w+) = ", block, flags=re.M)
+        keys = read_settings(os.path.join(ROOT, f"{script}.py"))   # the settings block, read from the source's syntax
         assert len(keys) > 10
         for k in keys:
             assert re.search(rf"^  --{k}=\S", p.stdout, flags=re.M), k
@@ -229,14 +220,10 @@ def test_help_lists_every_setting_with_its_default(script):
 
 # --- the character testbed: train, then sample; its vocabulary is the data's ---------------------------
 
-SMALL = ["--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2"]  # after the config file, which sets them
-
-
 def test_char_train_then_sample(char_data, tmp_path):
     """The issue's command chain at a tiny size: a char config trains, sample.py prints characters."""
     out = str(tmp_path / "out")
-    p = run_train(["config/char_hrm.py", *SMALL, f"--out_dir={out}", "--max_iters=30", "--eval_interval=30",
-                   "--norm=pre"], char_data, out)
+    p = run_train(char_tiny(out, "--max_iters=30", "--eval_interval=30", "--norm=pre"), char_data, out)
     assert "hrm:" in p.stdout
     ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert ck["model_args"]["vocab_size"] == ck["meta"]["vocab_size"] == len(ck["meta"]["chars"])
@@ -250,8 +237,8 @@ def test_char_train_then_sample(char_data, tmp_path):
 
 
 def test_vocab_size_that_contradicts_the_data_stops(char_data, tmp_path):
-    p = run_train(["config/char_hrm.py", *SMALL, f"--out_dir={tmp_path / 'o'}", "--vocab_size=50257",
-                   "--max_iters=1"], char_data, str(tmp_path / "o"), check=False)
+    out = str(tmp_path / "o")
+    p = run_train(char_tiny(out, "--vocab_size=50257", "--max_iters=1"), char_data, out, check=False)
     line = one_error_line(p)
     assert "vocab_size=50257" in line and "meta.json" in line and "(char)" in line
 
@@ -262,6 +249,7 @@ ARCHS = {"hrm": HRM, "transformer": ["--arch=transformer", "--n_layer=2"],
          "unitf": ["--arch=unitf", "--M=3", "--K=2"]}
 
 
+@pytest.mark.time_limit(600)
 @pytest.mark.slow   # minutes: only these train and sample in bf16 (test_plan's bf16 test counts memory, on meta)
 @pytest.mark.parametrize("arch", ["hrm", "transformer", "unitf"])
 def test_bf16_trains_and_samples_on_cpu(arch, data_dir, tmp_path):
@@ -285,7 +273,7 @@ def test_bf16_trains_and_samples_on_cpu(arch, data_dir, tmp_path):
 
 
 COUNT_RECOMPILES = r"""
-import os, runpy, sys, torch
+import torch
 import torch._dynamo
 frames = []
 def counting_backend(gm, example_inputs):
@@ -293,39 +281,34 @@ def counting_backend(gm, example_inputs):
     return gm.forward                       # run the captured graph as is: the test counts compilations
 real_compile = torch.compile
 torch.compile = lambda m, **k: real_compile(m, backend=counting_backend)
-sys.argv = sys.argv[1:]
-sys.path.insert(0, os.path.dirname(sys.argv[0]))
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-finally:
+def finish():
     print(f"GRAPHS={len(frames)}", flush=True)
 """
 
 
 @pytest.mark.slow
+@pytest.mark.time_limit(1800)   # two compiled runs (up to 1200 s each on 2 cores) and an eager one
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compile_matches_eager_without_recompiles(arch, data_dir, tmp_path):
     """compile=True for a few iterations: the same losses as eager (float32, within 1e-4), and the graphs
     are captured in the first iteration only (counted over a 3- and a 6-iteration run: no more later)."""
     args = ARCHS[arch] + ["--eval_interval=100"]
-    script = tmp_path / "count.py"
-    script.write_text(COUNT_RECOMPILES)
     counts, logs = [], []
     for n in (3, 6):
         out = str(tmp_path / f"compiled{n}")
-        cmd = [sys.executable, str(script), *train_cmd(args + [f"--max_iters={n}", "--compile=True"], data_dir, out)[1:]]
+        cmd = patched(COUNT_RECOMPILES, tmp_path,
+                      train_cmd(args + [f"--max_iters={n}", "--compile=True"], data_dir, out))
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1200, env=ENV)
         assert p.returncode == 0, p.stderr[-3000:]
         counts.append(int(p.stdout.split("GRAPHS=")[1].split()[0]))
         logs.append(p.stdout)
     assert counts[0] == counts[1] > 0, counts        # 3 more iterations compiled nothing new
 
-    def losses(text):
-        return [float(l.split("loss ")[1].split(",")[0]) for l in text.splitlines() if l.startswith("iter ")]
     e = run_train(args + ["--max_iters=6"], data_dir, str(tmp_path / "eager"), timeout=600)
-    assert len(losses(e.stdout)) == len(losses(logs[1])) == 6
-    for x, y in zip(losses(e.stdout), losses(logs[1])):
-        assert abs(x - y) < 1e-4, (losses(e.stdout), losses(logs[1]))
+    eager, compiled = progress_losses(e.stdout), progress_losses(logs[1])
+    assert len(eager) == len(compiled) == 6
+    for x, y in zip(eager, compiled):
+        assert abs(x - y) < 1e-4, (eager, compiled)
 
 
 
@@ -424,8 +407,7 @@ def test_init_from_checks_sizes_and_keeps_the_source(trained, data_dir, tmp_path
 def test_progress_after_a_resume_divides_by_the_iterations_run(char_data, tmp_path):
     """A resumed run's first progress line covers fewer than log_interval iterations."""
     out = str(tmp_path / "run")
-    args = ["config/char_hrm.py", "--n_embd=16", "--n_head=2", "--block_size=32", "--batch_size=4",
-            "--eval_iters=2", "--warmup_iters=2", "--log_interval=20", f"--out_dir={out}"]
+    args = char_tiny(out, "--eval_iters=2", "--log_interval=20")
     run_train(args + ["--max_iters=19", "--eval_interval=19"], char_data, out)
     p = run_train(args + ["--max_iters=60", "--eval_interval=60", "--init_from=resume"], char_data, out)
     ms = [float(re.search(r"([\d.]+) ms/iter", l)[1]) for l in p.stdout.splitlines() if l.startswith("iter ")]
