@@ -506,7 +506,7 @@ def start_run(config):
     import data
     import parallel
     from common import auto_device, auto_dtype, check_device, fail
-    from configurator import check_train_settings
+    from configurator import check_train_settings, train_setting_notes
     c = config
     try:
         device = check_device(auto_device(c["device"]))
@@ -516,6 +516,8 @@ def start_run(config):
     dtype = auto_dtype(c["dtype"], "cuda" if ranks.device.startswith("cuda") else "cpu")
     errors = check_train_settings(dict(c, dtype=dtype), ranks.ddp)   # ranges, choices, combinations
     resume, notes = c["init_from"] == "resume", []   # notes: printed once every check has passed
+    if not errors:
+        notes += train_setting_notes(c)
     if not resume:   # a new run on more ranks than its config was written for splits its micro-batches
         try:         # (parallel.micro_batches); a resumed run keeps its checkpoint's (below)
             accum, batch, note = parallel.micro_batches(c["gradient_accumulation_steps"], c["batch_size"],

@@ -186,7 +186,38 @@ def check_train_settings(config, ddp):
     if not config["learning_rate"] > 0:
         errors.append(f"learning_rate must be > 0, got {config['learning_rate']}")
     errors += [f"{k} must be in [0, 1), got {config[k]}" for k in ("beta1", "beta2") if not 0 <= config[k] < 1]
+    if config["decay_lr"] and config["min_lr"] > config["learning_rate"] > 0:
+        errors.append(f"min_lr={config['min_lr']:g} is above learning_rate={config['learning_rate']:g}: the cosine "
+                      f"'decay' would climb to it; set min_lr <= learning_rate (decay_lr=False: a constant rate)")
     return errors
+
+
+def train_setting_notes(c):
+    """Settings that contradict each other where a user may mean it: one printed note each (train.py goes on).
+    A user who means them reads what the run will do; one who does not sees the slip before the first step."""
+    notes, its, lr = [], c["max_iters"], c["learning_rate"]
+    decay = c["lr_decay_iters"] or its
+    if c["decay_lr"] and its > 0 and c["warmup_iters"] >= its:
+        notes.append(f"warmup_iters={c['warmup_iters']} >= max_iters={its}: the learning rate never reaches "
+                     f"learning_rate={lr:g} (it peaks at {lr * its / (c['warmup_iters'] + 1):.3g} on the last iteration)")
+    elif c["decay_lr"] and c["lr_decay_iters"] and c["lr_decay_iters"] <= c["warmup_iters"]:
+        notes.append(f"lr_decay_iters={c['lr_decay_iters']} <= warmup_iters={c['warmup_iters']}: after the warmup "
+                     f"the learning rate drops straight to min_lr={c['min_lr']:g} (no cosine decay)")
+    if c["decay_lr"] and its > c["warmup_iters"] and decay > its:
+        notes.append(f"lr_decay_iters={decay} > max_iters={its}: the run ends before the cosine reaches "
+                     f"min_lr={c['min_lr']:g} (a longer schedule cut short)")
+    if c["arch"] in ("hrm", "unitf"):
+        m = c["N"] * c["T"] if c["arch"] == "hrm" else c["M"] or 12
+        if c["K"] > m:
+            notes.append(f"K={c['K']} > M={m}: every step carries gradient, full backprop (as K=M={m})")
+        if c["arch"] == "hrm" and c["K_slow"] > c["N"]:
+            notes.append(f"K_slow={c['K_slow']} > N={c['N']}: every Slow firing carries gradient (as K_slow=N)")
+    if its > 0 and not c["eval_only"] and c["eval_interval"] > its:
+        notes.append(f"eval_interval={c['eval_interval']} > max_iters={its}: the run evaluates and saves a checkpoint "
+                     f"only at iterations 0 and {its}; a crash before the end loses the run")
+    if its > 0 and not c["eval_only"] and c["log_interval"] > its:
+        notes.append(f"log_interval={c['log_interval']} > max_iters={its}: no progress line will be printed")
+    return [f"note: {n}" for n in notes]
 
 
 # --- model.py's ModelConfig: its ranges (bookkeeping, not the paper). Every error names its field. ---------

@@ -28,6 +28,9 @@ import re
 import shutil
 import signal
 import sys
+import _thread
+import threading
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -42,8 +45,14 @@ OURS_OLD = tuple(n + ".tmp" for n in OURS)     # the temporary names of earlier 
 def _die_with_parent():
     """In a tokenizer worker, right after the fork: die when prepare.py dies, even by SIGKILL (Linux's
     PR_SET_PDEATHSIG), instead of living on as an orphan holding its memory. An idle pool worker would never
-    notice otherwise: it waits on a queue whose write end it holds itself."""
+    notice otherwise: it waits on a queue whose write end it holds itself.
+    Signals are the parent's to handle: a worker ignores SIGINT (a terminal's Ctrl-C reaches the whole process
+    group) and dies at once on SIGTERM, which is how the pool stops it. Inheriting the parent's handler instead,
+    a worker turned the pool's SIGTERM into a KeyboardInterrupt, stopped holding the queue's lock, and the pool
+    and its workers then waited on each other for ever."""
     import ctypes
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
 
 
@@ -128,6 +137,9 @@ def settle_leftovers(out_dir):
             _settle(out_dir, int(m.group(1)))
 
 
+PUBLISHED = []   # the dataset folders this process has swapped in whole (a signal after that changes nothing)
+
+
 @contextmanager
 def staged(out_dir):
     """Yields an empty folder beside out_dir to write a dataset into. When the block ends, that folder
@@ -143,6 +155,7 @@ def staged(out_dir):
         if os.path.exists(out_dir):
             os.rename(out_dir, old)
         os.rename(tmp, out_dir)
+        PUBLISHED.append(out_dir)
     finally:
         _settle(out_dir, os.getpid())
 
@@ -305,10 +318,69 @@ def text_files(input_path):
     return docs
 
 
-def interrupted(stop, out_dir):
-    """Stop after the signal in `stop` (SIGINT where none was caught: a plain KeyboardInterrupt), 128 + its number."""
-    signum = stop[0] if stop else signal.SIGINT
-    fail(f"interrupted by {signal.Signals(signum).name}; {out_dir} was left as it was", code=SIGNALLED + signum)
+GRACE_S = 10   # after a signal, how long the orderly stop may take before Interrupts ends the process itself
+
+
+class Interrupts:
+    """SIGINT and SIGTERM during prepare.py: stop within seconds at any moment, undo the staged dataset (the
+    previous one stays), name the signal and exit 128 + its number. The first signal raises KeyboardInterrupt
+    in the main thread. Python drops that exception where it lands in a callback (logging's at-fork hook runs
+    at every worker's fork), so until our own code has it (`seen`), a watcher thread raises it again every
+    half second; past GRACE_S (a pool stuck tearing down) or on a second signal the process ends at once."""
+
+    def __init__(self, out_dir):
+        self.out_dir, self.signals, self.repeats, self.seen = out_dir, [], 0, threading.Event()
+        self.unraisable = sys.unraisablehook
+        sys.unraisablehook = self.dropped
+
+    def dropped(self, what):
+        """Our KeyboardInterrupt dropped in a finaliser (a Dataset's __del__): the watcher raises it again,
+        so no "Exception ignored" traceback for it; anything else is reported as Python would."""
+        if not (self.signals and isinstance(what.exc_value, KeyboardInterrupt)):
+            self.unraisable(what)
+
+    def __call__(self, signum, frame):
+        if self.repeats:          # the watcher's repeat of the first signal
+            self.repeats -= 1
+            raise KeyboardInterrupt
+        self.signals.append(signum)
+        if len(self.signals) > 1:
+            self.end(f"then by {signal.Signals(signum).name}")   # a second signal: the user insists
+        threading.Thread(target=self.watch, daemon=True).start()
+        raise KeyboardInterrupt
+
+    def watch(self):
+        deadline = time.monotonic() + GRACE_S
+        while not self.seen.wait(0.5):
+            if time.monotonic() > deadline:
+                self.end(f"{GRACE_S} s after it, the tokenizer pool still stopping")
+            self.repeats += 1
+            _thread.interrupt_main(self.signals[0])
+
+    def name(self):
+        return signal.Signals(self.signals[0] if self.signals else signal.SIGINT).name
+
+    def stop(self, how=None):
+        """The orderly stop, in the main thread once our code has the KeyboardInterrupt (a plain one, without a
+        signal, is a Ctrl-C that came as a worker's error: SIGINT). os._exit past the interpreter's exit, whose
+        multiprocessing hooks can wait on a pool's workers."""
+        self.seen.set()
+        fail(f"interrupted by {self.name()}{how or ''}; {self.out_dir} {dataset_state(self.out_dir)}",
+             code=SIGNALLED + (self.signals[0] if self.signals else signal.SIGINT), now=True)
+
+    def end(self, how):
+        """Whatever the main thread is stuck in: settle this process's staged folder and exit now."""
+        if os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") != "prepare.py":
+            return   # imported (a test calling main()): never end someone else's process
+        try:
+            _settle(os.path.realpath(self.out_dir), os.getpid())
+        except OSError:
+            pass
+        self.stop(f" ({how})")
+
+
+def dataset_state(out_dir):
+    return "holds the new dataset, whole" if os.path.realpath(out_dir) in PUBLISHED else "was left as it was"
 
 
 def main(argv=None):
@@ -332,13 +404,9 @@ def main(argv=None):
     if args.input is None and args.dataset not in ("shakespeare", "shakespeare_char", "openwebtext"):
         fail(f"unknown dataset {args.dataset!r}: use shakespeare, shakespeare_char, openwebtext, "
              f"or --input=DIR for a local corpus")
-    stop = []   # the signal that stopped us: its KeyboardInterrupt may reach us as a worker's error instead
-
-    def on_signal(signum, frame):
-        stop.append(signum)
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    interrupts = Interrupts(out_dir)
+    signal.signal(signal.SIGINT, interrupts)
+    signal.signal(signal.SIGTERM, interrupts)
     try:
         docs = text_files(args.input) if args.input is not None else \
             shakespeare_plays() if args.dataset in ("shakespeare", "shakespeare_char") else None
@@ -349,20 +417,24 @@ def main(argv=None):
             print(f"{out_dir} is up to date (prepared from the same input); nothing to do (--force prepares it again)")
             return load_meta(args.data_dir, args.dataset)["tokens"]
         if char:
-            return prepare_chars(docs, out_dir, source)
-        if docs is not None:
-            return prepare_documents(docs, out_dir, args.num_proc, source=source)
-        return prepare_openwebtext(out_dir, args.num_proc, source)
+            counts = prepare_chars(docs, out_dir, source)
+        elif docs is not None:
+            counts = prepare_documents(docs, out_dir, args.num_proc, source=source)
+        else:
+            counts = prepare_openwebtext(out_dir, args.num_proc, source)
+        if interrupts.signals:   # a signal whose KeyboardInterrupt never reached us: the work was done first
+            interrupts.stop()
+        return counts
     except Exception as e:   # `staged` has already removed the half-written folder
-        if stop or isinstance(e, KeyboardInterrupt):
-            interrupted(stop, out_dir)
+        if interrupts.signals or isinstance(e, KeyboardInterrupt):
+            interrupts.stop()
         if isinstance(e, OSError):   # a full disk, no permission
             fail(f"cannot write {out_dir}: {e.strerror or e}; it was left as it was (the partial files were removed)")
         if isinstance(e, ValueError):   # too little text, ...
             fail(str(e))
         raise
     except KeyboardInterrupt:
-        interrupted(stop, out_dir)
+        interrupts.stop()
 
 
 if __name__ == "__main__":

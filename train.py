@@ -21,17 +21,28 @@ problem or hands back the run (checkpoint.start_run); the data; the model and op
 import math
 import os
 import random
+import signal
+import sys
 import time
 
-import torch
 
-import data
-import parallel
-from checkpoint import CKPT_BEST, CKPT_LAST, append_log, resume_path, start_run
-from common import DIVERGED, DTYPES, fail, fmt_time, precision_context
-from configurator import configure
-from flops import counted_train_flops, device_peak_tflops
-from model import ModelConfig, build_model
+def stopped_in_setup(signum, frame):   # until the loop's handler (parallel.StopSignals): nothing to save yet
+    if os.environ.get("RANK", "0") == "0":
+        print(f"train.py: error: interrupted by {signal.Signals(signum).name} before training started; nothing "
+              "was saved", file=sys.stderr, flush=True)
+    os._exit(128 + signum)   # not an exception: one raised inside an import or a finaliser prints a traceback
+signal.signal(signal.SIGINT, stopped_in_setup)    # noqa: E305  (before torch's import, which takes seconds)
+signal.signal(signal.SIGTERM, stopped_in_setup)
+
+import torch  # noqa: E402
+
+import data  # noqa: E402
+import parallel  # noqa: E402
+from checkpoint import CKPT_BEST, CKPT_LAST, append_log, resume_path, start_run  # noqa: E402
+from common import DIVERGED, DTYPES, fail, fmt_time, precision_context  # noqa: E402
+from configurator import configure  # noqa: E402
+from flops import counted_train_flops, device_peak_tflops  # noqa: E402
+from model import ModelConfig, build_model  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # Defaults: the paper's OpenWebText setup (section "Setup"; Table "Ablation" base: HRM d=4096,

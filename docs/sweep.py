@@ -190,6 +190,10 @@ def run_all(jobs, workers, rerun=False):
         while todo and len(running) < workers:
             out_dir, cmd = todo.pop(0)
             os.makedirs(out_dir, exist_ok=True)
+            claim = claim_run(out_dir)
+            if claim is None:
+                print(f"skipping {out_dir}: another runner has it", flush=True)
+                continue
             if os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
                 cmd = cmd + ["--init_from=resume"]     # exact resume of a run cut off by a stop
             else:
@@ -197,10 +201,11 @@ def run_all(jobs, workers, rerun=False):
             print(" ".join(cmd[1:]), flush=True)
             out = open(os.path.join(out_dir, "train.out"), "a")
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-            running.append((out_dir, cmd, subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env), out))
+            running.append((out_dir, cmd, subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env),
+                            out, claim))
         time.sleep(1)
         for item in list(running):
-            out_dir, cmd, p, out = item
+            out_dir, cmd, p, out, claim = item
             if p.poll() is None:
                 continue
             running.remove(item)
@@ -213,11 +218,26 @@ def run_all(jobs, workers, rerun=False):
                     reproduced.append(out_dir)
             else:
                 print(f"FAILED ({p.returncode}): {out_dir}; see {out_dir}/train.out", flush=True)
+            claim.close()
             el = time.time() - t0
             left = len(todo) + len(running)
             print(f"[{done}/{done + left}] {out_dir}: val {final_val(out_dir):.4f} (committed) | {el / 60:.1f} min, "
                   f"about {el / done * left / 60:.0f} min left", flush=True)
     return reproduced
+
+
+def claim_run(out_dir):
+    """An open file holding an exclusive lock on out_dir/runner.lock while this runner runs (and stores) the
+    run, so two runners started side by side (one per free core) never start the same run; None where
+    another runner holds it."""
+    import fcntl
+    f = open(os.path.join(out_dir, "runner.lock"), "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
 
 
 def check_rerun(out_dir):

@@ -166,6 +166,27 @@ def test_kill_mid_save_between_log_and_checkpoint(data_dir, tmp_path):
 
 # --- resume: exact after a signal; refused where it cannot be exact; schedule changes allowed with a note ---
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_setup_stops_with_one_line(sig, data_dir, tmp_path):
+    """A signal before the loop (while torch imports, while the run is set up) ends train.py at once with one
+    line and 128 + n, not a KeyboardInterrupt traceback from inside an import; nothing is written."""
+    for delay in (0.5, 1.5):
+        out = str(tmp_path / f"run{delay}")
+        proc = subprocess.Popen(train_cmd(HRM + ["--max_iters=1000"], data_dir, out), cwd=ROOT, text=True, env=ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + sig and "Traceback" not in stderr, (delay, proc.returncode, stderr)
+        last = stderr.strip().splitlines()[-1]
+        if "before training started" in last:   # the setup's handler
+            assert last == f"train.py: error: interrupted by {signal.Signals(sig).name} before training started; " \
+                "nothing was saved", last
+            assert not os.path.exists(os.path.join(out, "ckpt_last.pt"))
+        else:                                    # a slow start: the loop's handler had it
+            assert f"stopped by {signal.Signals(sig).name}" in last, last
+
+
 # SIGTERM slow (CI time): the same handler (parallel.StopSignals) as SIGINT, which CI runs
 @pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_signal_saves_and_resume_is_exact(sig, data_dir, tmp_path):

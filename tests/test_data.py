@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ENV, HRM, ROOT, one_error_line, run_script, run_train, snapshot, write_docs
+from conftest import ENV, HRM, ROOT, one_error_line, run_script, run_train, snapshot, wait_for, write_docs
 
 # --- the tokenizer, the Shakespeare plays and their split ----------------------------------------------
 
@@ -317,3 +317,114 @@ def test_prepare_workers_die_with_it(tmp_path):
         time.sleep(0.2)
     alive = [w for w in workers if os.path.exists(f"/proc/{w}") and open(f"/proc/{w}/stat").read().split()[2] != "Z"]
     assert not alive, f"workers {alive} outlived prepare.py"
+
+
+# --- prepare.py stopped by a signal at any moment: it ends, names the signal, and loses nothing ----------------
+
+# (moment, how to wait for it): from launch, while the tokenizer pool starts, mid-tokenizing, while writing, just
+# before the swap. SIGINT goes to the whole process group, as a terminal's Ctrl-C does; SIGTERM to prepare.py
+# alone, as `kill` and a scheduler do. Once hung forever with --num_proc=2 (the workers inherited its handler).
+MOMENTS = ["launch", "pool", "tokenizing", "writing", "swap"]
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_prepare_stops_on_a_signal_at_any_moment(data_dir, tmp_path, sig):
+    import signal
+    from data import check_dataset
+    from prepare import GRACE_S
+    signum = getattr(signal, sig)
+    data = str(tmp_path / "data")
+    shutil.copytree(os.path.join(data_dir, "shakespeare"), os.path.join(data, "shakespeare"))
+    before = snapshot(os.path.join(data, "shakespeare"))
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])   # under load: a core taken
+    outcomes = []
+    try:
+        for moment in MOMENTS:
+            proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "prepare.py"), f"--data_dir={data}",
+                                     "--num_proc=2"], cwd=ROOT, env=ENV, start_new_session=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            workers = []
+
+            def children():
+                out = subprocess.run(["ps", "-o", "pid=", "-g", str(proc.pid)], capture_output=True, text=True,
+                                     timeout=60).stdout
+                return [int(p) for p in out.split() if int(p) != proc.pid]
+            tmp = os.path.join(data, f"shakespeare.tmp.{proc.pid}")
+            ready = {"launch": lambda: True, "pool": lambda: len(children()) >= 2,
+                     "tokenizing": lambda: len(children()) >= 2, "writing": lambda: os.path.exists(f"{tmp}/train.bin"),
+                     "swap": lambda: os.path.exists(f"{tmp}/meta.json")}[moment]
+            wait_for(lambda: ready() or proc.poll() is not None, 120, f"prepare.py to reach {moment}")
+            if moment == "tokenizing":
+                time.sleep(0.5)
+            workers = children()
+            t0 = time.monotonic()
+            try:
+                (os.killpg if sig == "SIGINT" else os.kill)(proc.pid, signum)
+            except ProcessLookupError:   # it had finished (and been reaped) first
+                pass
+            try:
+                out, err = proc.communicate(timeout=GRACE_S + 10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                pytest.fail(f"prepare.py hung after {sig} at {moment} (pid {proc.pid}, workers {workers})")
+            took = time.monotonic() - t0
+            outcomes.append((moment, proc.returncode, round(took, 1)))
+            wait_for(lambda: not [w for w in workers if os.path.exists(f"/proc/{w}")
+                                  and open(f"/proc/{w}/stat").read().split()[2] != "Z"], 10,
+                     f"the workers {workers} to die with prepare.py ({sig} at {moment})")
+            assert sorted(os.listdir(data)) == ["shakespeare"], (moment, os.listdir(data))   # nothing left beside it
+            if proc.returncode == 0:                    # the signal came after it had finished its work
+                assert moment == "swap", (moment, out, err)
+                check_dataset(data, "shakespeare")
+                shutil.rmtree(os.path.join(data, "shakespeare"))
+                shutil.copytree(os.path.join(data_dir, "shakespeare"), os.path.join(data, "shakespeare"))
+                continue
+            if moment == "launch" and proc.returncode in (-signum, 1):   # before prepare.py's handler existed:
+                assert "prepare.py" not in err, err     # the signal's own death, or Python's startup interrupted
+            else:
+                assert proc.returncode == 128 + signum and "Traceback" not in err, (sig, moment, proc.returncode, err)
+                line = err.strip().splitlines()[-1]     # after the progress bars: one line that names the signal
+                assert line.startswith(f"prepare.py: error: interrupted by {sig}; "), line
+                assert took < 5, f"{sig} at {moment}: took {took:.1f} s to stop"   # the orderly stop, not the last resort
+                if "holds the new dataset" in line:
+                    check_dataset(data, "shakespeare")
+                    shutil.rmtree(os.path.join(data, "shakespeare"))
+                    shutil.copytree(os.path.join(data_dir, "shakespeare"), os.path.join(data, "shakespeare"))
+                    continue
+            assert snapshot(os.path.join(data, "shakespeare")) == before, (sig, moment)   # the old dataset, whole
+    finally:
+        burner.kill()
+        burner.wait()
+    print(outcomes)
+
+
+def test_a_signal_python_drops_is_raised_again(tmp_path, monkeypatch):
+    """A signal that lands in a finaliser (or an at-fork hook, where the pool's workers are forked): Python
+    drops the KeyboardInterrupt there, so prepare.py's watcher raises it again until prepare.py's own code has
+    it, without an "Exception ignored" traceback for it."""
+    import signal
+    import sys
+    from prepare import Interrupts
+    dropped = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda what: dropped.append(what))
+    interrupts = Interrupts(str(tmp_path / "mine"))
+    old = signal.signal(signal.SIGTERM, interrupts)
+
+    class Finalised:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)   # handled here, inside __del__: its exception is dropped
+            for _ in range(1000):
+                pass
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Finalised()                           # the first KeyboardInterrupt is dropped in __del__...
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:    # ...and raised again within half a second
+                time.sleep(0.01)
+        assert interrupts.signals == [signal.SIGTERM] and dropped == []
+        with pytest.raises(SystemExit, match="interrupted by SIGTERM; .*mine was left as it was"):
+            interrupts.stop()                     # in-process: SystemExit carries the line (no os._exit)
+        assert interrupts.seen.is_set()           # the watcher stops repeating it
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -1,0 +1,341 @@
+"""
+EqualParam in miniature at the paper's headline settings (docs/RESULTS.md, "Headline settings"): does HRM's
+lead over a Transformer of equal stored parameters appear at NT = 8 and 12, where the paper's is largest, and
+does it depend on M or on width? Post-norm, the character testbed, 2000 iterations of 8 x 128 characters.
+
+    python docs/equalparam.py                # the runs still missing (two at a time, one thread each), the
+                                             # checkpoint readings still missing, then the tables
+    python docs/equalparam.py --workers=1    # one at a time; a second copy started later shares the work
+                                             # (runners claim runs with a lock), so a free core joins in
+    python docs/equalparam.py --dry-run      # the train.py commands still to run (at this phase); run nothing
+    python docs/equalparam.py --tables       # tables only, from the committed logs (docs/logs/equalparam/)
+
+Arms (K = 2 and clip grad_clip * K / M throughout, train.py's defaults for HRM):
+  d=128 (about 1.0M parameters): Transformer L=4; HRM NT=4 (N=2, T=2), NT=8 (N=2, T=4), NT=12 (N=4, T=3).
+  d=256 (about 4M): Transformer L=4; HRM NT=8.  d=64 (about 0.27M): Transformer L=4, the flat curve's third
+  point. Heads are 32 wide at every width. Every run: warmup 10% (200 iterations), cosine to lr/10, an
+  evaluation every 100 iterations.
+Phases:
+  A. seed 1337 at 3 learning rates a factor 2 apart, centred on the committed 400-iteration best (docs/sweep.py;
+     half of it at d=256), grown a factor 2 at a time until each arm's best is bracketed;
+  B. the best with seeds 42 and 2024 (paired by seed across arms);
+  C. the runner-up with seeds 42 and 2024 where its seed-1337 CE is within one seed sd of the best's;
+     the chosen lr is then the lower 3-seed mean;
+  D. a control for NT=12: the paper's HRM warmup rule, max(1000, N*T*100) of 10000 iterations, scaled to 2000
+     (240 iterations), at NT=12's chosen lr, 3 seeds.
+Readings (no training): the H-frozen cost and depth at inference (docs/sweep.py's analysis) are read from
+each finished HRM run's last checkpoint and committed beside its log. Checkpoints are not committed: where a
+chosen run's reading is missing, that run is trained again (deterministic on CPU, checked against its log).
+"""
+
+import argparse
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stats  # noqa: E402
+import sweep  # noqa: E402  (its runner and its committed-log helpers)
+
+OUT = "out-equalparam"
+ITERS = 2000
+MCHARS = 8 * 128 / 1e6             # millions of characters an iteration reads
+SEEDS = sweep.SEEDS
+# arm: (config file, overrides, centre learning rate: the 400-iteration best, halved at d=256), in run order
+ARMS = {
+    "tf-d128": ("char_transformer", [], 3e-3),
+    "hrm-nt4": ("char_hrm", [], 1e-2),
+    "hrm-nt8": ("char_hrm", ["--T=4"], 1e-2),
+    "hrm-nt12": ("char_hrm", ["--N=4", "--T=3"], 1e-2),
+    "tf-d64": ("char_transformer", ["--n_embd=64", "--n_head=2"], 3e-3),
+    "tf-d256": ("char_transformer", ["--n_embd=256", "--n_head=8"], 1.5e-3),
+    "hrm-nt8-d256": ("char_hrm", ["--T=4", "--n_embd=256", "--n_head=8"], 5e-3),
+}
+CONTROL = ("hrm-nt12-warm240", "hrm-nt12", ["--warmup_iters=240"])   # (name, arm, overrides): phase D
+REACH = 4                          # the grid grows at most 2^4 = 16x from the centre either way
+# (row, column, what the difference asks); negative = row better. Rows and columns share seeds: paired tests.
+COMPARISONS = [
+    ("hrm-nt4", "tf-d128", "HRM NT=4 vs Transformer L=4 at d=128 (equal stored parameters)"),
+    ("hrm-nt8", "tf-d128", "HRM NT=8 vs Transformer L=4 at d=128"),
+    ("hrm-nt12", "tf-d128", "HRM NT=12 vs Transformer L=4 at d=128"),
+    ("hrm-nt8-d256", "tf-d256", "HRM NT=8 vs Transformer L=4 at d=256"),
+    ("hrm-nt8", "hrm-nt4", "HRM: M=8 vs M=4 (T=4 vs T=2)"),
+    ("hrm-nt12", "hrm-nt8", "HRM: M=12 (N=4, T=3) vs M=8 (N=2, T=4)"),
+    ("hrm-nt12-warm240", "hrm-nt12", "HRM NT=12: the paper's warmup rule (240 iterations) vs 10% (200)"),
+    ("tf-d128", "tf-d64", "Transformer: d=128 vs d=64 (4x the parameters)"),
+    ("tf-d256", "tf-d128", "Transformer: d=256 vs d=128 (4x the parameters)"),
+    ("hrm-nt8-d256", "hrm-nt8", "HRM NT=8: d=256 vs d=128"),
+]
+
+
+def lr_of(arm, k):
+    return ARMS[arm][2] * 2.0 ** k
+
+
+def lr_text(lr):
+    """1.5e-3, 3e-3, 1.25e-2: the shortest exact mantissa (the grid steps by factors of 2)."""
+    m, e = f"{lr:.3e}".split("e")
+    return f"{m.rstrip('0').rstrip('.')}e{int(e)}"
+
+
+def job(arm, k, seed, extra=(), name=None):
+    """(out_dir, train.py command) of one run: the arm at the centre lr times 2^k."""
+    cfg, over, _ = ARMS[arm]
+    lr = lr_of(arm, k)
+    out_dir = os.path.join(OUT, name or arm, f"lr{lr_text(lr)}-s{seed}")
+    cmd = [sys.executable, "train.py", f"config/{cfg}.py", *over, f"--learning_rate={lr:.6g}",
+           f"--max_iters={ITERS}", f"--lr_decay_iters={ITERS}", f"--warmup_iters={ITERS // 10}",
+           f"--min_lr={lr / 10:.6g}", f"--seed={seed}", f"--out_dir={out_dir}", "--log_interval=100",
+           "--eval_interval=100", *extra]
+    return out_dir, cmd
+
+
+def val(arm, k, seed):
+    return sweep.final_val(job(arm, k, seed)[0])
+
+
+def tried(arm):
+    """The k of every finished seed-1337 run of the arm."""
+    return [k for k in range(-REACH, REACH + 1) if sweep.finished(job(arm, k, SEEDS[0])[0])]
+
+
+def best_k(arm):
+    ks = tried(arm)
+    return min(ks, key=lambda k: val(arm, k, SEEDS[0])) if ks else None
+
+
+def bracketed(arm):
+    """The best k has a finished neighbour on each side (or sits at the reach's end)."""
+    k, ks = best_k(arm), tried(arm)
+    return k is not None and all(j in ks or abs(j) > REACH for j in (k - 1, k + 1))
+
+
+def phase_a():
+    """The three centre points of every arm, then one step outward where an arm's best is at an edge."""
+    jobs = [job(a, k, SEEDS[0]) for k in (0, -1, 1) for a in ARMS]
+    for a in ARMS:
+        k = best_k(a)
+        if k is not None and all(sweep.finished(job(a, j, SEEDS[0])[0]) for j in (-1, 0, 1)):
+            jobs += [job(a, j, SEEDS[0]) for j in (k - 1, k + 1) if abs(j) <= REACH]
+    return list(dict(jobs).items())
+
+
+def seed_values(out_dirs):
+    return {s: sweep.final_val(d) for s, d in zip(SEEDS, out_dirs) if sweep.finished(d)}
+
+
+def runner_up(arm):
+    """The second-best k at seed 1337 where it is within one seed sd of the best (after the best's seeds)."""
+    k = best_k(arm)
+    vals = seed_values([job(arm, k, s)[0] for s in SEEDS])
+    if len(vals) < len(SEEDS):
+        return None
+    sd = sweep.mean_sd(list(vals.values()))[1]
+    rest = [j for j in tried(arm) if j != k]
+    j = min(rest, key=lambda j: val(arm, j, SEEDS[0])) if rest else None
+    return j if j is not None and val(arm, j, SEEDS[0]) - vals[SEEDS[0]] <= sd else None
+
+
+def phase_bc():
+    jobs = []
+    for a in ARMS:
+        if bracketed(a):
+            jobs += [job(a, best_k(a), s) for s in SEEDS[1:]]
+            j = runner_up(a)
+            if j is not None:
+                jobs += [job(a, j, s) for s in SEEDS[1:]]
+    return jobs
+
+
+def chosen_k(arm):
+    """The lr (as k) with the lower 3-seed mean among those with all 3 seeds; None until phase C is through."""
+    if not bracketed(arm) or best_k(arm) is None:
+        return None
+    k = best_k(arm)
+    full = {j: seed_values([job(arm, j, s)[0] for s in SEEDS]) for j in {k, runner_up(arm)} - {None}}
+    if len(full.get(k, {})) < len(SEEDS) or any(len(v) < len(SEEDS) for v in full.values()):
+        return None
+    return min(full, key=lambda j: sum(full[j].values()))
+
+
+def control_job(seed):
+    name, arm, extra = CONTROL
+    return job(arm, chosen_k(arm), seed, extra, name)
+
+
+def phase_d():
+    return [control_job(s) for s in SEEDS] if chosen_k(CONTROL[1]) is not None else []
+
+
+def rows():
+    """{row name: {seed: final val CE}} at each arm's chosen lr (and the control's), for finished runs."""
+    out = {}
+    for a in ARMS:
+        k = chosen_k(a)
+        if k is not None:
+            out[a] = seed_values([job(a, k, s)[0] for s in SEEDS])
+    if chosen_k(CONTROL[1]) is not None:
+        out[CONTROL[0]] = seed_values([control_job(s)[0] for s in SEEDS])
+    return out
+
+
+def chosen_dirs(name):
+    if name == CONTROL[0]:
+        return [control_job(s)[0] for s in SEEDS] if chosen_k(CONTROL[1]) is not None else []
+    k = chosen_k(name)
+    return [] if k is None else [job(name, k, s)[0] for s in SEEDS]
+
+
+def all_jobs():
+    return phase_a() + phase_bc() + phase_d()
+
+
+def read_finished(workers):
+    """Read every finished HRM run whose checkpoint is here; rerun the chosen runs whose reading is missing."""
+    reruns = []
+    for name in list(ARMS) + [CONTROL[0]]:
+        if "hrm" not in name:
+            continue
+        for d, cmd in all_jobs():
+            if d.split(os.sep)[1] != name or not sweep.finished(d) or os.path.exists(sweep.analysis_path(d)):
+                continue
+            if os.path.exists(os.path.join(d, "ckpt_last.pt")):
+                print(f"reading {d}", flush=True)
+                sweep.analysis(d)
+            elif d in chosen_dirs(name):
+                reruns.append((d, cmd))
+    for d in sweep.run_all(reruns, workers, rerun=True) if reruns else []:
+        print(f"reading {d}", flush=True)
+        sweep.analysis(d)
+
+
+def run(workers):
+    """Run what is missing, phase by phase, until every phase is through. Another runner may hold some runs:
+    then wait for it, and stop with one line where a round leaves a run neither finished nor held."""
+    while True:
+        todo = [(d, c) for d, c in all_jobs() if not sweep.finished(d)]
+        if not todo:
+            return
+        sweep.run_all(todo, workers)
+        read_finished(workers)
+        left = [(d, c) for d, c in all_jobs() if not sweep.finished(d)]
+        if {d for d, _ in left} == {d for d, _ in todo}:       # nothing finished this round
+            held = [d for d, _ in left if os.path.isdir(d) and busy(d)]
+            if not held:
+                from common import fail
+                fail(f"{len(left)} runs did not finish (see each out_dir's train.out), first: {left[0][0]}",
+                     code=1, prog="equalparam.py")
+            print(f"waiting for {len(held)} runs another runner holds", flush=True)
+            time.sleep(60)
+
+
+def busy(out_dir):
+    claim = sweep.claim_run(out_dir)
+    if claim is None:
+        return True
+    claim.close()
+    return False
+
+
+# --- tables, from the committed logs alone --------------------------------------------------------
+
+def size_cells(arm):
+    f = next((sweep.facts(d) for d, _ in all_jobs() if d.split(os.sep)[1] == arm and sweep.facts(d)), None)
+    if not f or "params" not in f:
+        return "- | -"
+    ms = f.get("ms_per_iter_median")
+    return f"{f['params'] / 1e6:.2f}M | {ms:.0f}" if ms else f"{f['params'] / 1e6:.2f}M | -"
+
+
+def lr_table():
+    print(f"### Headline settings: validation CE after {ITERS} iterations, seed 1337, by learning rate "
+          "(a factor 2 apart; * = the best)\n")
+    print("| arm | params | ms/iter (1 thread) | learning rate: CE | chosen lr (3 seeds) |\n|---|---|---|---|---|")
+    for a in ARMS:
+        ks = tried(a)
+        if not ks:
+            continue
+        b = best_k(a)
+        cells = ", ".join(f"{lr_text(lr_of(a, k))}: {sweep.cell(job(a, k, SEEDS[0])[0])}{'*' if k == b else ''}"
+                          for k in ks)
+        c = chosen_k(a)
+        print(f"| {a} | {size_cells(a)} | {cells} | {lr_text(lr_of(a, c)) if c is not None else '-'} |")
+    print()
+
+
+def seeds_table(table, uni):
+    print(f"### Headline settings: each arm at its chosen lr, 3 seeds, after {ITERS} iterations "
+          f"({ITERS * MCHARS:.2f}M characters)\n")
+    print("| arm | " + " | ".join(f"seed {s}" for s in SEEDS) + " | mean ± sd | below unigram |")
+    print("|---|" + "---|" * (len(SEEDS) + 2))
+    for name, vals in table.items():
+        m, sd, n = sweep.mean_sd(list(vals.values()))
+        print(f"| {name} | " + " | ".join(sweep.fmt(vals[s]) if s in vals else "-" for s in SEEDS) +
+              f" | {m:.3f} ± {sd:.3f} (n={n}) | {uni - m:.3f} |")
+    print()
+
+
+def differences(table):
+    print("### Headline settings: differences (row minus column; negative = row better; paired by seed, "
+          "with Welch's test beside it; 95% intervals)\n")
+    print("| row | column | question | paired: diff [95% CI], p | Welch: diff [95% CI], p | verdict |")
+    print("|---|---|---|---|---|---|")
+    for a, b, what in COMPARISONS:
+        if a in table and b in table:
+            p = stats.paired(table[a], table[b])
+            w = stats.welch(list(table[a].values()), list(table[b].values()))
+            print(f"| {a} | {b} | {what} | {p or '-'} | {w or '-'} | {stats.verdict(p or w)} |")
+    print()
+
+
+def readings_table():
+    print("### Headline settings: HRM's checkpoint readings at the chosen lr (mean ± sd over the seeds read)\n")
+    print(sweep.SLOW_LEGEND)
+    print("| arm | CE | ΔCE, H frozen | z_H drift | w_H | w_L | w_I |\n|---|---|---|---|---|---|---|")
+    for name in [a for a in ARMS if "hrm" in a] + [CONTROL[0]]:
+        cells, n = sweep.slow_cells(chosen_dirs(name))
+        if cells:
+            print(f"| {name} (n={n}) | {cells} |")
+    print()
+    print("### Headline settings: depth at inference (val CE at multiples of the trained depth; N' Slow firings "
+          "with T kept, or T' Fast steps per firing with N kept)\n")
+    print("| arm | varied | " + " | ".join(f"{f:g}x" for f in sweep.DEPTHS) + " |")
+    print("|---|---|" + "---|" * len(sweep.DEPTHS))
+    for name in [a for a in ARMS if "hrm" in a]:
+        for what, cells in sweep.depth_cells(sweep.depth_rows(chosen_dirs(name))).items():
+            print(f"| {name} | {what}' | " + " | ".join(cells) + " |")
+    print()
+
+
+def tables():
+    uni = sweep.unigrams()["char"]
+    lr_table()
+    table = rows()
+    if table:
+        seeds_table(table, uni)
+        differences(table)
+        readings_table()
+    done = [d for d, _ in all_jobs() if sweep.finished(d)]
+    print(f"{len(done)} runs committed; {len(all_jobs()) - len(done)} known still to run at this phase\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tables", action="store_true", help="print the tables only, from the committed logs")
+    ap.add_argument("--dry-run", action="store_true", help="list the train.py commands still to run; run nothing")
+    ap.add_argument("--workers", type=int, default=2, help="runs at once (one thread each)")
+    args = ap.parse_args()
+    os.chdir(sweep.ROOT)
+    if args.dry_run:
+        sweep.dry_run(all_jobs())
+        return
+    if not args.tables:
+        sweep.require_data("equalparam.py", [("shakespeare_char", "--dataset=shakespeare_char")])
+        run(args.workers)
+        read_finished(args.workers)
+    tables()
+
+
+if __name__ == "__main__":
+    main()

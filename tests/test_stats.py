@@ -1,0 +1,99 @@
+"""docs/stats.py (the tests every runner reports a difference with) against published t-table values, and
+docs/equalparam.py's phases (which runs it asks for, given which have finished) on made-up results."""
+
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "docs"))
+import equalparam  # noqa: E402
+import stats  # noqa: E402
+import sweep  # noqa: E402
+
+
+@pytest.mark.parametrize("df,t975", [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042)])
+def test_t_quantiles_match_the_table(df, t975):
+    assert stats.t_quantile(0.975, df) == pytest.approx(t975, abs=1e-3)
+    assert stats.t_two_sided(t975, df) == pytest.approx(0.05, abs=1e-4)
+
+
+def test_welch_and_paired_by_hand():
+    a, b = [2.26, 2.13, 2.28], [1.95, 1.99, 1.98]
+    w = stats.welch(a, b)   # se^2 = var(a)/3 + var(b)/3; Welch-Satterthwaite df
+    assert w.diff == pytest.approx(0.25) and w.df == pytest.approx(2.2602, abs=1e-4)
+    assert w.p == pytest.approx(0.02745, abs=1e-4) and (w.lo, w.hi) == pytest.approx((0.0626, 0.4374), abs=1e-3)
+    p = stats.paired(dict(zip((1, 2, 3), a)), dict(zip((1, 2, 3), b)))
+    assert p.df == 2 and p.p == pytest.approx(0.04526, abs=1e-4)
+    assert stats.paired({1: 1.0}, {1: 2.0}) is None and stats.welch([1.0], [2.0, 3.0]) is None
+    assert stats.compare({1: 1.0, 2: 2.0}, {3: 1.5, 4: 2.5}).test == "welch"   # no shared seeds
+
+
+def test_a_wide_interval_is_never_read_as_zero():
+    d = stats.welch([2.0, 2.3, 1.9], [2.1, 2.0, 2.2])
+    assert d.lo < 0 < d.hi
+    v = stats.verdict(d, effect=0.25)
+    assert "cannot tell" in v and "inside" in v and "no effect" not in v
+    assert "lower" in stats.verdict(stats.welch([1.0, 1.01, 0.99], [2.0, 2.01, 1.99]))
+
+
+@pytest.fixture
+def results(monkeypatch):
+    """A made-up table of finished runs: {out_dir: final val}; sweep.finished/final_val read it."""
+    vals = {}
+    monkeypatch.setattr(sweep, "facts", lambda d: {"final_val": vals[d], "diverged": False} if d in vals else None)
+    return vals
+
+
+def finish(vals, arm, k, seed, v):
+    vals[equalparam.job(arm, k, seed)[0]] = v
+
+
+def test_phases_bracket_then_seed_then_runner_up(results):
+    arm, s0 = "hrm-nt8", equalparam.SEEDS[0]
+    assert equalparam.job(arm, 0, s0)[0] in dict(equalparam.phase_a())
+    for k, v in ((-1, 2.0), (0, 1.9), (1, 1.8)):    # best at the upper edge: grow upward
+        finish(results, arm, k, s0, v)
+    grow = [d for d, _ in equalparam.phase_a() if arm + os.sep in d and d not in results]
+    assert grow == [equalparam.job(arm, 2, s0)[0]], grow
+    finish(results, arm, 2, s0, 1.85)                # now bracketed at k=1: its seeds next
+    assert equalparam.bracketed(arm) and equalparam.best_k(arm) == 1
+    seeds = [d for d, _ in equalparam.phase_bc() if arm + os.sep in d]
+    assert seeds == [equalparam.job(arm, 1, s)[0] for s in equalparam.SEEDS[1:]]
+    assert equalparam.chosen_k(arm) is None
+    finish(results, arm, 1, 42, 1.70)                # seed sd 0.1: the runner-up (k=2, 0.05 behind) gets seeds
+    finish(results, arm, 1, 2024, 1.90)
+    more = [d for d, _ in equalparam.phase_bc() if arm + os.sep in d]
+    assert equalparam.job(arm, 2, 42)[0] in more and equalparam.chosen_k(arm) is None
+    finish(results, arm, 2, 42, 1.60)
+    finish(results, arm, 2, 2024, 1.70)
+    assert equalparam.chosen_k(arm) == 2              # the lower 3-seed mean, not the seed-1337 best
+
+
+def test_the_control_follows_nt12s_chosen_lr(results):
+    assert equalparam.phase_d() == []
+    arm = "hrm-nt12"
+    for k, v in ((-1, 2.0), (0, 1.5), (1, 2.1)):
+        finish(results, arm, k, equalparam.SEEDS[0], v)
+    for s in equalparam.SEEDS[1:]:
+        finish(results, arm, 0, s, 1.5)              # sd 0: no runner-up
+    d, cmd = equalparam.phase_d()[0]
+    assert "hrm-nt12-warm240" in d and "--warmup_iters=240" in cmd and "--learning_rate=0.01" in cmd
+    # the control's 240 overrides the runner's 10% (argparse-like: the last one wins in the configurator)
+    assert cmd.index("--warmup_iters=240") > cmd.index("--warmup_iters=200")
+
+
+def test_runners_never_take_the_same_run(tmp_path):
+    a = sweep.claim_run(str(tmp_path))
+    assert a is not None and sweep.claim_run(str(tmp_path)) is None
+    a.close()
+    assert sweep.claim_run(str(tmp_path)) is not None
+
+
+def test_a_diverged_run_is_left_out_not_averaged_in():
+    inf = float("inf")
+    assert stats.welch([1.0, 1.1, inf], [1.2, 1.3]).n == 2
+    assert stats.paired({1: 1.0, 2: 1.1, 3: inf}, {1: 1.2, 2: 1.4, 3: 1.3}).n == 2
+    assert stats.welch([1.0, inf], [1.2, 1.3]) is None
