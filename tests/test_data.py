@@ -428,3 +428,44 @@ def test_a_signal_python_drops_is_raised_again(tmp_path, monkeypatch):
         assert interrupts.seen.is_set()           # the watcher stops repeating it
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+# prepare.py's tokenizer stuck where a KeyboardInterrupt cannot stop it (a wedged pool), with the clock 5x fast
+STUCK = r"""
+import sys, time
+sys.path.insert(0, {root!r})
+import data
+_monotonic = time.monotonic
+time.monotonic = lambda: _monotonic() * 5
+def stuck():
+    while True:
+        try:
+            time.sleep(0.05)
+        except KeyboardInterrupt:
+            pass
+data.get_tokenizer = stuck
+"""
+
+
+def test_prepare_ends_even_when_its_work_ignores_the_signal(data_dir, tmp_path):
+    """Past GRACE_S after a signal (here 10 s on a clock running 5x fast), prepare.py settles its staging
+    folder itself and exits 128 + n, naming the signal: no moment can hang it."""
+    import signal
+    from conftest import patched
+    data = str(tmp_path / "data")
+    shutil.copytree(os.path.join(data_dir, "shakespeare"), os.path.join(data, "shakespeare"))
+    before = snapshot(os.path.join(data, "shakespeare"))
+    cmd = patched(STUCK.format(root=ROOT), tmp_path, [sys.executable, os.path.join(ROOT, "prepare.py"), f"--data_dir={data}",
+                                    "--num_proc=1"])
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: any(".tmp." in n for n in os.listdir(data)) or proc.poll() is not None, 120, "the staging folder")
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("prepare.py hung: its work ignored the signal and nothing ended it")
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1].startswith("prepare.py: error: interrupted by SIGTERM (10 s after it"), err
+    assert sorted(os.listdir(data)) == ["shakespeare"] and snapshot(os.path.join(data, "shakespeare")) == before
