@@ -99,9 +99,15 @@ def remove(path):
 
 def resume_path(out_dir):
     """The checkpoint --init_from=resume reads: ckpt_last.dcp (an FSDP run's) where it exists, else ckpt_last.pt.
-    A save of either removes the other, so a folder holds one."""
-    dcp = os.path.join(out_dir, CKPT_LAST_DCP)
-    return dcp if os.path.isdir(dcp) else os.path.join(out_dir, CKPT_LAST)
+    A save of either removes the other, so a folder holds one, unless a kill came between the save and the
+    removal: then the later of the two (by iteration; a tie or an unreadable one: the folder's)."""
+    dcp, pt = os.path.join(out_dir, CKPT_LAST_DCP), os.path.join(out_dir, CKPT_LAST)
+    if os.path.isdir(dcp) and os.path.isfile(pt):
+        try:
+            return pt if read_info(pt)["iter_num"] > read_info(dcp)["iter_num"] else dcp
+        except Exception:   # a damaged one: loading it says which
+            return dcp
+    return dcp if os.path.isdir(dcp) else pt
 
 
 def read_info(path):
@@ -233,6 +239,8 @@ def model_from_checkpoint(ckpt, path="the checkpoint"):
             load_sharded(ckpt["sharded"], model)
         else:
             model.load_state_dict(ckpt["model"])
+    except ShardError:
+        raise
     except (TypeError, ValueError, RuntimeError) as e:
         raise ValueError(f"{path} does not build a model: {one_line(e)}") from None
     return model
@@ -294,6 +302,7 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
     pieces it holds) and, given, the optimizer, with the saved AdamW hyperparameters (param_groups). ValueError
     (one line) where it does not fit, or holds a non-finite weight."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                          set_state_dict)
     try:
@@ -302,7 +311,12 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
         else:
             model_sd, optim_sd = get_state_dict(model, optimizer)
         state = _as_saved(model_sd, optim_sd)
-        dcp.load(state, checkpoint_id=path)   # in place, into this rank's tensors (or their 1-element views)
+        try:
+            dcp.load(state, checkpoint_id=path)   # in place, into this rank's tensors (or their 1-element views)
+        except CheckpointException as e:        # a BaseException: a shard missing, truncated or foreign
+            why = next(iter(e.failures.values()), (e,))   # {rank: (exception, its traceback)}
+            raise ShardError(f"{path}: cannot read a shard ({one_line(why[0], 200)}): one is missing or "
+                             f"damaged; resume from an intact checkpoint") from None
         model_sd = {k: state["model"][canonical(k)].reshape(v.shape) for k, v in model_sd.items()}
         bad = nonfinite_tensors({k: getattr(v, "_local_tensor", v) for k, v in model_sd.items()})
         if bad:
@@ -314,8 +328,14 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
                     "param_groups": [dict(saved, params=g["params"]) for saved, g in zip(param_groups, optim_sd["param_groups"])]}
         set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
         check_optimizer_fits(optimizer)
+    except ShardError:
+        raise
     except (KeyError, TypeError, ValueError, RuntimeError, AssertionError) as e:
         raise ValueError(f"{path} does not fit this model: {one_line(e)}") from None
+
+
+class ShardError(ValueError):
+    """A sharded checkpoint's shard that cannot be read (missing, truncated): load_sharded says so as it is."""
 
 
 def check_resume(ckpt, path, model_args, config, meta):

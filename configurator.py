@@ -217,6 +217,9 @@ def train_setting_notes(c):
                      f"only at iterations 0 and {its}; a crash before the end loses the run")
     if its > 0 and not c["eval_only"] and c["log_interval"] > its:
         notes.append(f"log_interval={c['log_interval']} > max_iters={its}: no progress line will be printed")
+    if c["init_from"] == "resume" and c["overwrite"]:
+        notes.append("overwrite=True does nothing with init_from=resume: the run in out_dir is resumed, nothing "
+                     "deleted (to start over, leave out init_from)")
     return [f"note: {n}" for n in notes]
 
 

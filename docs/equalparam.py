@@ -324,7 +324,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tables", action="store_true", help="print the tables only, from the committed logs")
     ap.add_argument("--dry-run", action="store_true", help="list the train.py commands still to run; run nothing")
-    ap.add_argument("--workers", type=int, default=2, help="runs at once (one thread each)")
+    ap.add_argument("--workers", type=sweep.workers_arg, default=2, help="runs at once (one thread each)")
     args = ap.parse_args()
     os.chdir(sweep.ROOT)
     if args.dry_run:

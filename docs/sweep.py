@@ -175,6 +175,18 @@ def command(testbed, variant, lr, seed, extra_args=(), extra="", iters=None, out
     return out_dir, cmd
 
 
+def workers_arg(text):
+    """--workers: an integer >= 1 (0 would wait for ever with nothing running)."""
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return n
+
+
 def run_all(jobs, workers, rerun=False):
     """Run (out_dir, cmd) jobs, `workers` at a time with one thread each; skip finished ones (their logs are
     committed), resume cut ones from their last checkpoint; store() each one that finishes.
@@ -770,7 +782,7 @@ def draw_depth(name, testbed, uni):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tables", action="store_true", help="print the tables and draw the plots only")
-    ap.add_argument("--workers", type=int, default=2, help="runs at once (one thread each)")
+    ap.add_argument("--workers", type=workers_arg, default=2, help="runs at once (one thread each)")
     ap.add_argument("--testbeds", default="char,bpe", help="run these testbeds' phases only (char: phases 1, 2 "
                     "and the K ablation; bpe: needs char's learning rates)")
     args = ap.parse_args()

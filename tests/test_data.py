@@ -438,6 +438,7 @@ import data
 _monotonic = time.monotonic
 time.monotonic = lambda: _monotonic() * 5
 def stuck():
+    open({mark!r}, "w").close()   # in the loop from here on
     while True:
         try:
             time.sleep(0.05)
@@ -455,10 +456,11 @@ def test_prepare_ends_even_when_its_work_ignores_the_signal(data_dir, tmp_path):
     data = str(tmp_path / "data")
     shutil.copytree(os.path.join(data_dir, "shakespeare"), os.path.join(data, "shakespeare"))
     before = snapshot(os.path.join(data, "shakespeare"))
-    cmd = patched(STUCK.format(root=ROOT), tmp_path, [sys.executable, os.path.join(ROOT, "prepare.py"), f"--data_dir={data}",
+    mark = str(tmp_path / "stuck")
+    cmd = patched(STUCK.format(root=ROOT, mark=mark), tmp_path, [sys.executable, os.path.join(ROOT, "prepare.py"), f"--data_dir={data}",
                                     "--num_proc=1"])
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: any(".tmp." in n for n in os.listdir(data)) or proc.poll() is not None, 120, "the staging folder")
+    wait_for(lambda: os.path.exists(mark) or proc.poll() is not None, 120, "the tokenizer to be stuck")
     proc.send_signal(signal.SIGTERM)
     try:
         _, err = proc.communicate(timeout=30)

@@ -4,13 +4,14 @@ the numbers of one process; a config error stops every rank with one line each."
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from checkpoint import load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint, resume_path
 from conftest import ENV, HRM, ROOT, by_iter, copy_run, one_error_line, progress_losses, raw_log, run_train
 
 # --- bf16: FSDP and DDP against one process, every architecture (tests/dist_equality.py) ----------------------
@@ -76,7 +77,10 @@ def test_fsdp_checkpoint_is_sharded_and_resumes_anywhere(data_dir, tmp_path):
     model_from_checkpoint(ckpt)                                     # sample.py's and analyze.py's loader
     best = load_checkpoint(os.path.join(part, "ckpt.pt"))          # one file, 0-d alpha as one process saves it
     assert best["model"]["L_net.alpha"].shape == () and "optimizer" not in best
-    copy = copy_run(part, tmp_path, "copy")
+    copy, early, broken = (copy_run(part, tmp_path, name) for name in ("copy", "early", "broken"))
+    os.remove(os.path.join(broken, "ckpt_last.dcp", "__1_0.distcp"))   # a lost shard: one line, no traceback
+    with pytest.raises(ValueError, match="ckpt_last.dcp: cannot read a shard .*one is missing or damaged"):
+        model_from_checkpoint(load_checkpoint(os.path.join(broken, "ckpt_last.dcp")))
     run_train(args + ["--max_iters=4", "--fsdp=True", "--init_from=resume"], data_dir, part, nproc=1)
     run_train(args + ["--max_iters=4", "--init_from=resume"], data_dir, copy)   # one process reads the shards
     ref = by_iter(full)[4]
@@ -84,6 +88,10 @@ def test_fsdp_checkpoint_is_sharded_and_resumes_anywhere(data_dir, tmp_path):
         got = by_iter(out)[4]
         assert (got["train_loss"], got["val_loss"]) == (ref["train_loss"], ref["val_loss"]), (out, got, ref)
     assert os.path.exists(os.path.join(copy, "ckpt_last.pt")) and not os.path.exists(os.path.join(copy, "ckpt_last.dcp"))
+    # killed between a save and the removal of the other kind: the resume takes the later one, not the folder
+    shutil.copy(os.path.join(copy, "ckpt_last.pt"), os.path.join(early, "ckpt_last.pt"))    # iter 4 beside iter 2
+    assert resume_path(early) == os.path.join(early, "ckpt_last.pt")
+    assert resume_path(part) == os.path.join(part, "ckpt_last.dcp")
 
 
 def test_fsdp_resumes_a_single_file_run(trained, data_dir, tmp_path):

@@ -143,6 +143,7 @@ def test_min_lr_above_learning_rate_is_refused():
     (dict(K_slow=3), "K_slow=3 > N=2"),
     (dict(eval_interval=101), "evaluates and saves a checkpoint only at iterations 0 and 100"),
     (dict(log_interval=101), "no progress line"),
+    (dict(init_from="resume", overwrite=True), "overwrite=True does nothing with init_from=resume"),
 ])
 def test_contradictory_settings_get_one_note(over, word):
     notes = train_setting_notes(settings(**over))

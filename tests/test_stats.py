@@ -97,3 +97,11 @@ def test_a_diverged_run_is_left_out_not_averaged_in():
     assert stats.welch([1.0, 1.1, inf], [1.2, 1.3]).n == 2
     assert stats.paired({1: 1.0, 2: 1.1, 3: inf}, {1: 1.2, 2: 1.4, 3: 1.3}).n == 2
     assert stats.welch([1.0, inf], [1.2, 1.3]) is None
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "two"])
+def test_workers_below_one_are_refused(text):
+    """--workers=0 once waited for ever with nothing running."""
+    import argparse
+    with pytest.raises(argparse.ArgumentTypeError, match="integer >= 1"):
+        sweep.workers_arg(text)
