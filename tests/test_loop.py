@@ -110,9 +110,9 @@ def test_the_loop_is_algorithm_1(run, data_dir):
         assert losses[it + 1] == pytest.approx(loss, abs=1e-4), it                 # the progress line's loss
     for it, ce in enumerate(vals):
         assert by_iter[it]["val_loss"] == pytest.approx(ce, rel=1e-5), it          # the val split, batch 0
-    ours = ck["model"]
-    for name, p in model.state_dict().items():
-        assert torch.allclose(ours[name], p, rtol=1e-4, atol=1e-6), (name, (ours[name] - p).abs().max().item())
+    ours = ck["model"]   # atol: AdamW's first steps amplify rounding where a gradient is near 0 (embedding rows of
+    for name, p in model.state_dict().items():   # rare tokens): 2.1e-6 apart under ATEN_CPU_CAPABILITY=avx2 here
+        assert torch.allclose(ours[name], p, rtol=1e-4, atol=1e-5), (name, (ours[name] - p).abs().max().item())
     groups = ck["optimizer"]["param_groups"]
     assert [g["weight_decay"] for g in groups] == [WD, 0.0] and all(tuple(g["betas"]) == BETAS for g in groups)
 
