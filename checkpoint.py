@@ -23,11 +23,13 @@ Each function takes what it needs as arguments, so every script (and a test) can
 
 import fcntl
 import json
+import logging
 import os
 import pickle
 import shutil
 import sys
 import time
+import warnings
 
 from dataclasses import dataclass, field
 
@@ -81,7 +83,10 @@ def take_out_dir(out_dir, init_from, overwrite, eval_only):
         if name.startswith(tuple(f"{n}.tmp" for n in RUN_FILES)):
             remove(os.path.join(out_dir, name))
     held = [n for n in RUN_FILES if os.path.exists(os.path.join(out_dir, n))]
-    if init_from == "scratch" and held and not eval_only:
+    if init_from == "scratch" and held and eval_only:   # surely meant: evaluate the run the folder holds
+        return None, (f"out_dir {out_dir!r} holds a run ({', '.join(held)}), but --eval_only=True without "
+                      f"--init_from=resume evaluates a new, untrained model; add --init_from=resume")
+    if init_from != "resume" and held and not eval_only:
         if not overwrite:
             return None, (f"out_dir {out_dir!r} already holds a run ({', '.join(held)}); resume it with "
                           f"--init_from=resume, replace it with --overwrite=True, or choose another --out_dir")
@@ -130,11 +135,11 @@ def intact(out_dir):
     return "intact: " + (", ".join(held) or "no checkpoint")
 
 
-def stop_on_write_error(what, iter_num, e, out_dir, prog="train.py"):
+def stop_on_write_error(what, iter_num, e, out_dir, prog="train.py", show=True):
     """A write that failed (a full disk) ends the run at once, with one line naming what is still intact
     (now: nothing that could block on a collective runs; torchrun stops the other ranks). Exit status 1."""
     reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{one_line(e)} (is the disk full?)"
-    fail(f"cannot {what} at iter {iter_num}: {reason}; {intact(out_dir)}", IO_ERROR, prog, now=True)
+    fail(f"cannot {what} at iter {iter_num}: {reason}; {intact(out_dir)}", IO_ERROR, prog, show=show, now=True)
 
 
 def find_checkpoint(path):
@@ -174,13 +179,17 @@ def save_checkpoint(path, ckpt):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        other = os.path.join(os.path.dirname(path), CKPT_LAST_DCP)
-        if os.path.basename(path) == CKPT_LAST and os.path.exists(other):   # an FSDP run resumed without FSDP
-            shutil.rmtree(other)
     except (OSError, RuntimeError) as e:
         if os.path.exists(tmp):
             os.remove(tmp)
         stop_on_write_error(f"save {path}", ckpt.get("iter_num"), e, os.path.dirname(path))
+    other = os.path.join(os.path.dirname(path), CKPT_LAST_DCP)
+    if os.path.basename(path) == CKPT_LAST and os.path.exists(other):   # an FSDP run resumed without FSDP
+        try:
+            shutil.rmtree(other)
+        except OSError as e:   # saved; a resume takes the later of the two (resume_path), so the run goes on
+            print(f"note: saved {path}, but cannot remove the older {other} ({e.strerror or e}); a resume reads "
+                  f"the later one, {CKPT_LAST}", file=sys.stderr, flush=True)
 
 
 def load_checkpoint(path):
@@ -272,6 +281,7 @@ def save_sharded(path, model, optimizer, info, master):
     a single-file ckpt_last.pt beside it is removed (a folder holds one resume state). Every rank calls it."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
     tmp, old = path + ".tmp", path + ".tmp.old"
     try:
@@ -293,8 +303,12 @@ def save_sharded(path, model, optimizer, info, master):
                 if os.path.exists(stale):
                     remove(stale)
         dist.barrier()
-    except (OSError, RuntimeError) as e:
-        stop_on_write_error(f"save {path}", info.get("iter_num"), e, os.path.dirname(path))
+    except (OSError, RuntimeError, CheckpointException) as e:   # the last: dcp's, a BaseException
+        if isinstance(e, CheckpointException):
+            e = next(iter(e.failures.values()), (e,))[0]   # {rank: (exception, its traceback)}
+        # a rank whose own write worked sees the failing rank leave its collective: that one speaks for both
+        stop_on_write_error(f"save {path}", info.get("iter_num"), e, os.path.dirname(path),
+                            show=master or isinstance(e, OSError))
 
 
 def load_sharded(path, model, optimizer=None, param_groups=None):
@@ -311,12 +325,20 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
         else:
             model_sd, optim_sd = get_state_dict(model, optimizer)
         state = _as_saved(model_sd, optim_sd)
+        if not os.path.isfile(os.path.join(path, ".metadata")):   # written last: the save did not finish
+            raise ShardError(f"{path}: its .metadata (the index of its shards) is missing; resume from an "
+                             f"intact checkpoint")
+        logging.disable(logging.ERROR)   # dcp logs each failure with a traceback; the line below is the one
         try:
-            dcp.load(state, checkpoint_id=path)   # in place, into this rank's tensors (or their 1-element views)
+            with warnings.catch_warnings():   # one process reading shards is what we mean
+                warnings.filterwarnings("ignore", "torch.distributed is disabled")
+                dcp.load(state, checkpoint_id=path)   # in place, into this rank's tensors (or their 1-element views)
         except CheckpointException as e:        # a BaseException: a shard missing, truncated or foreign
             why = next(iter(e.failures.values()), (e,))   # {rank: (exception, its traceback)}
-            raise ShardError(f"{path}: cannot read a shard ({one_line(why[0], 200)}): one is missing or "
-                             f"damaged; resume from an intact checkpoint") from None
+            raise ShardError(f"{path}: cannot read a shard or its index ({one_line(why[0], 200)}): one is "
+                             f"missing or damaged; resume from an intact checkpoint") from None
+        finally:
+            logging.disable(logging.NOTSET)
         model_sd = {k: state["model"][canonical(k)].reshape(v.shape) for k, v in model_sd.items()}
         bad = nonfinite_tensors({k: getattr(v, "_local_tensor", v) for k, v in model_sd.items()})
         if bad:
@@ -571,7 +593,8 @@ def start_run(config):
     if finished:
         sys.exit(parallel.end_process_group(ranks))
     if ranks.master and not errors:
-        run.lock, problem = take_out_dir(out_dir, "resume" if resume else "scratch", c["overwrite"], c["eval_only"])
+        run.lock, problem = take_out_dir(out_dir, c["init_from"] if c["init_from"] in ("resume", "scratch") else "from",
+                                         c["overwrite"], c["eval_only"])
         errors += [problem] if problem else []
     parallel.stop_on_errors(errors, ranks)
     if c["init_from"] != "scratch":   # every rank loads it: ckpt_last.pt to resume, or the weights a new run starts from

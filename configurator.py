@@ -206,8 +206,15 @@ def train_setting_notes(c):
     if c["decay_lr"] and its > c["warmup_iters"] and decay > its:
         notes.append(f"lr_decay_iters={decay} > max_iters={its}: the run ends before the cosine reaches "
                      f"min_lr={c['min_lr']:g} (a longer schedule cut short)")
+    if not c["decay_lr"] and c["warmup_iters"] > 0:
+        notes.append(f"decay_lr=False: the learning rate is learning_rate={lr:g} from the first iteration; "
+                     f"warmup_iters={c['warmup_iters']} is not used (no warmup)")
     if c["arch"] in ("hrm", "unitf"):
         m = c["N"] * c["T"] if c["arch"] == "hrm" else c["M"] or 12
+        depth, name = (c["N"], "N") if c["arch"] == "hrm" else (m, "M")
+        if c["random_depth"] and depth == 1:
+            notes.append(f"random_depth=True with {name}=1: the depth drawn from 1..2*{name}-1 is always 1, "
+                         f"so every iteration trains at the configured depth")
         if c["K"] > m:
             notes.append(f"K={c['K']} > M={m}: every step carries gradient, full backprop (as K=M={m})")
         if c["arch"] == "hrm" and c["K_slow"] > c["N"]:

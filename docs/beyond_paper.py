@@ -187,10 +187,7 @@ def draw(args, rows):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tables", action="store_true", help="print the table and draw the plot only")
-    ap.add_argument("--dry-run", action="store_true", help="list the train.py commands still to run, run nothing")
-    ap.add_argument("--workers", type=sweep.workers_arg, default=2, help="runs at once (one thread each)")
+    ap = sweep.runner_parser(__doc__, "print the table and draw the plot only")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--max_iters", type=int, default=300, help="iterations per run (the same for every variant)")

@@ -28,8 +28,6 @@ each finished HRM run's last checkpoint and committed beside its log. Checkpoint
 chosen run's reading is missing, that run is trained again (deterministic on CPU, checked against its log).
 """
 
-import argparse
-import math
 import os
 import sys
 import time
@@ -321,10 +319,7 @@ def tables():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tables", action="store_true", help="print the tables only, from the committed logs")
-    ap.add_argument("--dry-run", action="store_true", help="list the train.py commands still to run; run nothing")
-    ap.add_argument("--workers", type=sweep.workers_arg, default=2, help="runs at once (one thread each)")
+    ap = sweep.runner_parser(__doc__, "print the tables only, from the committed logs")
     args = ap.parse_args()
     os.chdir(sweep.ROOT)
     if args.dry_run:

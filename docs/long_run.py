@@ -19,7 +19,6 @@ module) and the readings committed beside their logs (analysis.json). Checkpoint
 a reading is missing its run is trained again (deterministic on CPU; each rerun is checked against its log).
 """
 
-import argparse
 import os
 import sys
 
@@ -273,10 +272,7 @@ def draw(uni):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tables", action="store_true", help="print the tables and draw the plot only")
-    ap.add_argument("--dry-run", action="store_true", help="list the train.py commands still to run; run nothing")
-    ap.add_argument("--workers", type=sweep.workers_arg, default=2, help="runs at once (one thread each)")
+    ap = sweep.runner_parser(__doc__, "print the tables and draw the plot only")
     args = ap.parse_args()
     os.chdir(sweep.ROOT)
     if args.dry_run:

@@ -31,6 +31,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -99,8 +100,13 @@ def facts(out_dir):
     path = os.path.join(ROOT, log_dir(out_dir), "run.json")
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:   # a truncated or hand-edited file: name it, not a traceback
+        from common import fail
+        fail(f"{os.path.relpath(path, ROOT)} cannot be read ({e}); restore it (git checkout -- {os.path.relpath(path, ROOT)})"
+             f" or delete it to run that run again", prog=os.path.basename(sys.argv[0]))
 
 
 def finished(out_dir):
@@ -175,9 +181,19 @@ def command(testbed, variant, lr, seed, extra_args=(), extra="", iters=None, out
     return out_dir, cmd
 
 
+def runner_parser(doc, tables_help, dry_run=True):
+    """The command line every runner (sweep.py, equalparam.py, long_run.py, beyond_paper.py) shares."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = ap.add_mutually_exclusive_group()   # each one alone does what it says, and nothing else
+    what.add_argument("--tables", action="store_true", help=tables_help)
+    if dry_run:
+        what.add_argument("--dry-run", action="store_true", help="list the train.py commands still to run; run nothing")
+    ap.add_argument("--workers", type=workers_arg, default=2, help="runs at once (one thread each)")
+    return ap
+
+
 def workers_arg(text):
     """--workers: an integer >= 1 (0 would wait for ever with nothing running)."""
-    import argparse
     try:
         n = int(text)
     except ValueError:
@@ -187,55 +203,130 @@ def workers_arg(text):
     return n
 
 
+STOP_LINE = "saving at the end of this iteration"   # what train.py prints the moment a signal reaches it
+STOPPED = {128 + signal.SIGINT: signal.SIGINT, 128 + signal.SIGTERM: signal.SIGTERM,   # train.py saved
+           -signal.SIGINT: signal.SIGINT, -signal.SIGTERM: signal.SIGTERM}             # a second one: quit
+
+
 def run_all(jobs, workers, rerun=False):
     """Run (out_dir, cmd) jobs, `workers` at a time with one thread each; skip finished ones (their logs are
     committed), resume cut ones from their last checkpoint; store() each one that finishes.
     rerun=True: the jobs are finished runs, run again for their checkpoints (not committed); each is checked
-    against its committed log, and the out_dirs that reproduce it are returned."""
+    against its committed log, and the out_dirs that reproduce it are returned.
+    Ctrl-C or SIGTERM to the runner (or a run stopped by one) stops it the way it stops train.py: no new run
+    starts, the running ones get the signal, save and stop, and the runner exits 128 + n; the same command
+    resumes them. A second signal quits them without saving. A runner killed outright (SIGKILL) still stops its
+    runs (they get SIGTERM, and save), so no run is left going with nobody to store it."""
     todo = [(d, c) for d, c in jobs if rerun or not finished(d)]
     if rerun:
         print(f"rerunning {len(todo)} finished runs for their checkpoints", flush=True)
     else:
         print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already finished; {len(todo)} to go", flush=True)
-    running, t0, done, reproduced = [], time.time(), 0, []
-    while todo or running:
-        while todo and len(running) < workers:
-            out_dir, cmd = todo.pop(0)
-            os.makedirs(out_dir, exist_ok=True)
-            claim = claim_run(out_dir)
-            if claim is None:
-                print(f"skipping {out_dir}: another runner has it", flush=True)
-                continue
-            if os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
-                cmd = cmd + ["--init_from=resume"]     # exact resume of a run cut off by a stop
-            else:
-                cmd = cmd + ["--overwrite=True"]       # cut before its first checkpoint: start over
-            print(" ".join(cmd[1:]), flush=True)
-            out = open(os.path.join(out_dir, "train.out"), "a")
-            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-            running.append((out_dir, cmd, subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env),
-                            out, claim))
-        time.sleep(1)
-        for item in list(running):
-            out_dir, cmd, p, out, claim = item
-            if p.poll() is None:
-                continue
-            running.remove(item)
-            out.close()
-            done += 1
-            if p.returncode in (0, 3):                 # 3: train.py's stop after max_nonfinite bad iterations
-                if not rerun:
-                    store(out_dir, cmd, p.returncode)
-                elif check_rerun(out_dir):
-                    reproduced.append(out_dir)
-            else:
-                print(f"FAILED ({p.returncode}): {out_dir}; see {out_dir}/train.out", flush=True)
-            claim.close()
-            el = time.time() - t0
-            left = len(todo) + len(running)
-            print(f"[{done}/{done + left}] {out_dir}: val {final_val(out_dir):.4f} (committed) | {el / 60:.1f} min, "
-                  f"about {el / done * left / 60:.0f} min left", flush=True)
+    running, t0, done, reproduced, stop = [], time.time(), 0, [], []
+
+    def on_signal(signum, frame):
+        stop.append(signum)
+        if len(stop) == 1:
+            print(f"{signal.Signals(signum).name}: {len(running)} running run(s) save and stop; no new run starts "
+                  f"(send it again to quit them without saving)", flush=True)
+        forward(running, signum, again=len(stop) > 1)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while (todo and not stop) or running:
+            while todo and not stop and len(running) < workers:
+                out_dir, cmd = todo.pop(0)
+                os.makedirs(out_dir, exist_ok=True)
+                claim = claim_run(out_dir)
+                why = "another runner has it" if claim is None else train_running(out_dir)
+                if why:
+                    print(f"skipping {out_dir}: {why}", flush=True)
+                    if claim:
+                        claim.close()
+                    continue
+                if os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
+                    cmd = cmd + ["--init_from=resume"]     # exact resume of a run cut off by a stop
+                else:
+                    cmd = cmd + ["--overwrite=True"]       # cut before its first checkpoint: start over
+                print(" ".join(cmd[1:]), flush=True)
+                out = open(os.path.join(out_dir, "train.out"), "a")
+                env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+                # its own session: a terminal's Ctrl-C reaches the runner only, which passes it on once
+                p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True, preexec_fn=stop_with_parent)
+                running.append((out_dir, cmd, p, out, claim, out.tell()))
+            time.sleep(1)
+            for item in list(running):
+                out_dir, cmd, p, out, claim, _ = item
+                if p.poll() is None:
+                    continue
+                running.remove(item)
+                out.close()
+                claim.close()
+                if p.returncode in STOPPED:
+                    if not stop:               # stopped by a signal that was not the runner's: stop as if it were
+                        print(f"{out_dir} was stopped by {signal.Signals(STOPPED[p.returncode]).name}", flush=True)
+                        on_signal(STOPPED[p.returncode], None)
+                    print(f"stopped: {out_dir}; the same command resumes it from its last checkpoint", flush=True)
+                    continue
+                done += 1
+                if p.returncode in (0, 3):                 # 3: train.py's stop after max_nonfinite bad iterations
+                    if not rerun:
+                        store(out_dir, cmd, p.returncode)
+                    elif check_rerun(out_dir):
+                        reproduced.append(out_dir)
+                else:
+                    print(f"FAILED ({p.returncode}): {out_dir}; see {out_dir}/train.out", flush=True)
+                el = time.time() - t0
+                left = len(todo) + len(running)
+                print(f"[{done}/{done + left}] {out_dir}: val {final_val(out_dir):.4f} (committed) | {el / 60:.1f} "
+                      f"min, about {el / done * left / 60:.0f} min left", flush=True)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if stop:
+        from common import SIGNALLED, fail
+        fail(f"interrupted by {signal.Signals(stop[0]).name}; run the same command to resume", SIGNALLED + stop[0],
+             prog=os.path.basename(sys.argv[0]))
     return reproduced
+
+
+def stop_with_parent():
+    """In a run's process, before train.py starts: get SIGTERM (and save) when the runner dies, even by SIGKILL
+    (Linux's PR_SET_PDEATHSIG), instead of running on with nobody to store it and its out_dir locked."""
+    if sys.platform == "linux":
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # 1 = PR_SET_PDEATHSIG
+
+
+def forward(running, signum, again):
+    """Pass the runner's signal to its running runs, once: a run that already has it (a scheduler signals every
+    process of a job) has said so in its train.out, and a second signal would quit it without saving.
+    again=True (the runner's second signal) passes it to every run: they quit at once."""
+    if not again:
+        time.sleep(0.5)   # time for a run that got the signal too to say so
+    for out_dir, _, p, _, _, start in list(running):
+        if p.poll() is not None:
+            continue
+        with open(os.path.join(out_dir, "train.out"), errors="replace") as f:
+            f.seek(start)
+            if again or STOP_LINE not in f.read():
+                p.send_signal(signum)
+
+
+def train_running(out_dir):
+    """Why out_dir cannot be run now: a train.py still holds its lock (say, one a killed runner left); or None."""
+    import fcntl
+    path = os.path.join(out_dir, ".lock")
+    if not os.path.exists(path):
+        return None
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)   # released when f closes
+        except BlockingIOError:
+            f.seek(0)
+            return f"a train.py is still running in it ({f.read().strip() or 'no note'})"
+    return None
 
 
 def claim_run(out_dir):
@@ -272,7 +363,7 @@ def check_rerun(out_dir):
 def require_data(script, datasets):
     """Stop with one line before any run where a dataset (name, prepare.py's argument for it) is missing."""
     for ds, hint in datasets:
-        if not os.path.exists(os.path.join(ROOT, "data", ds, "val.bin")):
+        if not all(os.path.exists(os.path.join(ROOT, "data", ds, f)) for f in ("train.bin", "val.bin", "meta.json")):
             from common import fail   # here, not at the top: --tables needs no torch
             fail(f"data/{ds} not found; run python prepare.py {hint}".rstrip(), prog=script)
 
@@ -780,9 +871,7 @@ def draw_depth(name, testbed, uni):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tables", action="store_true", help="print the tables and draw the plots only")
-    ap.add_argument("--workers", type=workers_arg, default=2, help="runs at once (one thread each)")
+    ap = runner_parser(__doc__, "print the tables and draw the plots only", dry_run=False)
     ap.add_argument("--testbeds", default="char,bpe", help="run these testbeds' phases only (char: phases 1, 2 "
                     "and the K ablation; bpe: needs char's learning rates)")
     args = ap.parse_args()

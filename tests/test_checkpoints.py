@@ -90,6 +90,10 @@ def test_new_run_into_a_used_out_dir_is_refused(trained, data_dir, tmp_path):
     line = one_error_line(run_train(HRM + ["--max_iters=2"], data_dir, out, check=False))
     assert "already holds a run" in line and "--init_from=resume" in line and "--overwrite=True" in line
     assert run_files(out) == before
+    # --eval_only=True there would evaluate an untrained model, not the run the folder holds: said, not done
+    line = one_error_line(run_train(HRM + ["--max_iters=2", "--eval_only=True"], data_dir, out, check=False))
+    assert "holds a run" in line and "untrained model; add --init_from=resume" in line, line
+    assert run_files(out) == before
     run_train(HRM + ["--max_iters=2", "--eval_interval=2", "--overwrite=True"], data_dir, out)
     assert raw_log(out, "iter") == [0, 2]       # one run in the log, not two
     assert torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)["iter_num"] == 2
@@ -217,6 +221,40 @@ def test_signal_saves_and_resume_is_exact(sig, data_dir, tmp_path):
     assert all(torch.equal(ca["model"][k], cb["model"][k]) for k in ca["model"])
     for key in ("iter_num", "best_val_loss"):
         assert ca[key] == cb[key], key
+
+
+# torch.nn.utils.clip_grad_norm_ stuck, at its third call, in one long C call that a Python signal handler
+# cannot interrupt (libc's system() retries its wait on EINTR): what a huge op or a hung collective does
+STUCK_OP = r"""
+import ctypes, os, torch
+real_clip, calls = torch.nn.utils.clip_grad_norm_, [0]
+def stuck_clip(*a, **k):
+    calls[0] += 1
+    if calls[0] == 3:
+        open(os.environ["MARKER"], "w").close()
+        ctypes.CDLL(None).system(b"sleep 10 </dev/null >/dev/null 2>&1")
+    return real_clip(*a, **k)
+torch.nn.utils.clip_grad_norm_ = stuck_clip
+"""
+
+
+def test_a_second_signal_ends_a_stuck_run_at_once(data_dir, tmp_path):
+    """The first SIGTERM asks for a save at the end of the iteration; when the iteration is stuck in one long
+    C call, the second ends the process at once (the OS's default action), not when the call returns."""
+    out, marker = str(tmp_path / "run"), str(tmp_path / "stuck")
+    cmd = patched(STUCK_OP, tmp_path, train_cmd(HRM + ["--max_iters=1000"], data_dir, out))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(ENV, MARKER=marker), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: os.path.exists(marker), 120, "the third iteration")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: proc.poll() is not None, 5, "the second signal to end the run")
+    _, err = proc.communicate(timeout=60)   # its pipes close when the stuck call's child ends too
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, (proc.returncode, err)
+    assert err.strip().splitlines()[-2:] == ["train.py: SIGTERM: saving at the end of this iteration (send it "
+                                             "again to quit without saving)",
+                                             "train.py: error: SIGTERM again: quitting without saving"], err
 
 
 def test_resume_with_other_data_settings_is_refused(trained, data_dir, tmp_path):
@@ -549,3 +587,20 @@ def test_a_kill_between_the_sharded_swaps_loses_nothing(tmp_path):
     lock, problem = take_out_dir(str(tmp_path), "resume", False, False)
     assert problem is None and (tmp_path / "ckpt_last.dcp" / "meta.pt").read_bytes() == b"x"
     assert not old.exists() and not (tmp_path / "ckpt_last.dcp.tmp").exists()
+
+
+def test_an_older_sharded_checkpoint_that_cannot_be_removed_is_a_note(tmp_path, monkeypatch, capsys):
+    """An FSDP run resumed by one process saves ckpt_last.pt and removes the older ckpt_last.dcp; where that
+    removal fails (a read-only or immutable folder), the save stands and the run goes on with a note, not a
+    'cannot save' error (a resume takes the later of the two)."""
+    import checkpoint
+
+    def refuse(path, *a, **k):
+        raise PermissionError(1, "Operation not permitted", path)
+    (tmp_path / "ckpt_last.dcp").mkdir()
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", refuse)
+    path = str(tmp_path / "ckpt_last.pt")
+    checkpoint.save_checkpoint(path, {"iter_num": 7})
+    assert torch.load(path, weights_only=True) == {"iter_num": 7}
+    err = capsys.readouterr().err
+    assert err.startswith(f"note: saved {path}, but cannot remove the older") and "Operation not permitted" in err, err

@@ -144,6 +144,9 @@ def test_min_lr_above_learning_rate_is_refused():
     (dict(eval_interval=101), "evaluates and saves a checkpoint only at iterations 0 and 100"),
     (dict(log_interval=101), "no progress line"),
     (dict(init_from="resume", overwrite=True), "overwrite=True does nothing with init_from=resume"),
+    (dict(warmup_iters=50, decay_lr=False), "warmup_iters=50 is not used (no warmup)"),
+    (dict(N=1, T=4, K=2, random_depth=True), "random_depth=True with N=1: the depth drawn from 1..2*N-1 is always 1"),
+    (dict(arch="unitf", M=1, K=1, random_depth=True), "random_depth=True with M=1"),
 ])
 def test_contradictory_settings_get_one_note(over, word):
     notes = train_setting_notes(settings(**over))
@@ -153,7 +156,8 @@ def test_contradictory_settings_get_one_note(over, word):
 def test_consistent_settings_get_no_note():
     assert train_setting_notes(settings()) == []
     assert train_setting_notes(settings(K=4)) == []                     # K = M: full backprop, as documented
-    assert train_setting_notes(settings(warmup_iters=500, decay_lr=False)) == []
+    assert train_setting_notes(settings(warmup_iters=0, decay_lr=False)) == []
+    assert train_setting_notes(settings(random_depth=True)) == []       # N=2: depths 1..3
     assert train_setting_notes(settings(eval_interval=100, lr_decay_iters=100)) == []
 
 

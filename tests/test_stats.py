@@ -105,3 +105,10 @@ def test_workers_below_one_are_refused(text):
     import argparse
     with pytest.raises(argparse.ArgumentTypeError, match="integer >= 1"):
         sweep.workers_arg(text)
+
+
+def test_a_damaged_committed_log_is_one_line(tmp_path):
+    """A truncated run.json stops the tables (and the runner) with one line naming it, not a JSON traceback."""
+    (tmp_path / "run.json").write_text('{"command": "python tr')
+    with pytest.raises(SystemExit, match=r"run.json cannot be read \(Unterminated string.*\); restore it"):
+        sweep.facts(str(tmp_path))

@@ -1,0 +1,113 @@
+"""The experiment runners (docs/sweep.py's run_all, which equalparam.py, long_run.py and beyond_paper.py share):
+a signal to the runner, a signal to one of its runs, and a runner killed outright each leave every run saved and
+stopped, never a train.py going on alone with nobody to store it; a restarted runner skips a run a train.py still
+holds. Each case runs the real runner on real (tiny) train.py runs, with deadlines."""
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ENV, HRM, ROOT, train_cmd, wait_for
+
+RUNNER = f"""
+import json, sys
+sys.path.insert(0, {os.path.join(ROOT, "docs")!r})
+import sweep
+sweep.run_all([tuple(job) for job in json.loads(sys.argv[1])], 1)
+"""
+
+
+def start_runner(tmp_path, data_dir, names):
+    """A runner (in its own session, as in a terminal) over one long train.py run per name; it and the jobs."""
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER)
+    # batch 48: an iteration of about a second, so a run is still going when a second signal could reach it
+    jobs = [(str(tmp_path / n), train_cmd(HRM + ["--max_iters=100000", "--eval_interval=100000", "--batch_size=48"], data_dir,
+                                          str(tmp_path / n))) for n in names]
+    proc = subprocess.Popen([sys.executable, str(script), json.dumps(jobs)], cwd=ROOT, env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    return proc, jobs
+
+
+def training(out_dir):
+    """The pid of the train.py running in out_dir, once it has logged an iteration (else None)."""
+    try:
+        with open(os.path.join(out_dir, "train.out")) as f:
+            if "iter 2/" not in f.read():
+                return None
+        with open(os.path.join(out_dir, ".lock")) as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:   # a zombie is dead, waiting for its parent to read its status
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def saved_at(out_dir):
+    """The iteration the run's signal save wrote (its only save: eval_interval is beyond the run)."""
+    return torch.load(os.path.join(out_dir, "ckpt_last.pt"), weights_only=True)["iter_num"]
+
+
+@pytest.mark.parametrize("sig, everyone", [(signal.SIGINT, False), (signal.SIGTERM, True)])
+def test_a_signal_to_the_runner_stops_its_run_and_it_saves(sig, everyone, data_dir, tmp_path):
+    """Ctrl-C in the runner's terminal (its process group), or a scheduler's SIGTERM to every process of the
+    job: the run gets the signal once (twice would quit it without saving), saves, and the runner exits 128 + n
+    without starting the next run."""
+    proc, jobs = start_runner(tmp_path, data_dir, ["a", "b"])
+    wait_for(lambda: training(jobs[0][0]), 180, "the first run's second iteration")
+    pid = training(jobs[0][0])
+    os.killpg(proc.pid, sig)
+    if everyone:
+        os.kill(pid, sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, (proc.returncode, out, err)
+    assert err.strip().splitlines()[-1] == f"runner.py: error: interrupted by {signal.Signals(sig).name}; run the " \
+        "same command to resume", err
+    assert f"stopped: {jobs[0][0]}; the same command resumes it" in out, out
+    assert not alive(pid) and saved_at(jobs[0][0]) >= 2
+    assert not os.path.exists(jobs[1][0])   # the next run never started
+
+
+def test_a_run_stopped_by_a_signal_stops_the_runner(data_dir, tmp_path):
+    """SIGTERM to one run (not to the runner): it saves and the runner stops as if it had the signal, instead
+    of counting the run as failed and starting the next one."""
+    proc, jobs = start_runner(tmp_path, data_dir, ["a", "b"])
+    wait_for(lambda: training(jobs[0][0]), 180, "the first run's second iteration")
+    os.kill(training(jobs[0][0]), signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "FAILED" not in out, (proc.returncode, out, err)
+    assert f"{jobs[0][0]} was stopped by SIGTERM" in out and saved_at(jobs[0][0]) >= 2
+    assert not os.path.exists(jobs[1][0])
+
+
+def test_a_killed_runner_stops_its_run_and_a_new_one_waits_for_it(data_dir, tmp_path):
+    """SIGKILL to the runner: its run gets SIGTERM (Linux's parent-death signal) and saves; a runner started
+    while that train.py still runs skips the run (its out_dir lock is held), instead of failing it."""
+    proc, jobs = start_runner(tmp_path, data_dir, ["a"])
+    wait_for(lambda: training(jobs[0][0]), 180, "the run's second iteration")
+    pid = training(jobs[0][0])
+    lock = open(os.path.join(jobs[0][0], ".lock"), "a+")   # stands for the dying train.py: hold its lock
+    proc.kill()
+    proc.communicate(timeout=30)
+    wait_for(lambda: not alive(pid), 60, "the orphaned train.py to stop")
+    assert saved_at(jobs[0][0]) >= 2
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    again, _ = start_runner(tmp_path, data_dir, ["a"])
+    out, err = again.communicate(timeout=60)
+    lock.close()
+    assert again.returncode == 0 and f"skipping {jobs[0][0]}: a train.py is still running in it" in out, (out, err)
+    assert "FAILED" not in out
