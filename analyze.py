@@ -22,6 +22,7 @@ with M' = f M steps; val CE for each.
 import argparse
 import json
 import os
+import time
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import engine
 from checkpoint import CKPT_BEST, load_checkpoint, model_from_checkpoint
 from common import HelpFormatter, check_device, fail
 from data import check_dataset
@@ -69,6 +71,38 @@ def depth_table(model, batches, device, factors):
         rows.append({"varied": what, "N": m.config.N if c.arch == "hrm" else None,
                      "T": m.config.T if c.arch == "hrm" else None, "M": m.config.M,
                      "depth": m.config.M / c.M, "ce": val_ce(m, batches, device)})
+    return rows
+
+
+@torch.no_grad()
+def decode_ce(model, batches, device, kv):
+    """Val CE of token-by-token decoding under cache policy kv: each position's logits from a one-token step
+    against the cache (engine.py), as a sampler would compute them. Under kv="full" it equals val_ce."""
+    losses = []
+    for x, y in batches:
+        x, cache = x.to(device), engine.new_cache(model, x.size(0), max_len=x.size(1), kv=kv)
+        logits = torch.cat([model(x[:, t:t + 1], cache=cache, pos=t)[0] for t in range(x.size(1))], dim=1)
+        losses.append(model.cross_entropy(logits, y.to(device)).item())
+    return float(np.mean(losses))
+
+
+def kv_table(model, batches, device, policies, n_greedy=200, prompt=16):
+    """For each cache policy: decoding's val CE, the greedy agreement with the exact cache (the share of
+    n_greedy greedy tokens after each batch's first sequence's first `prompt` tokens that equal exact
+    decoding's, position by position), the cache bytes per token, and cached greedy tok/s (batch 1)."""
+    prompts = [x[:1, :prompt].to(device) for x, _ in batches]
+    with torch.no_grad():
+        exact = [model.generate(p, n_greedy, temperature=0)[0, prompt:] for p in prompts]
+    rows = []
+    for kv in policies:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            greedy = [model.generate(p, n_greedy, temperature=0, kv=kv)[0, prompt:] for p in prompts]
+        tok_s = n_greedy * len(prompts) / (time.perf_counter() - t0)
+        rows.append({"kv": kv, "ce": decode_ce(model, batches, device, kv),
+                     "greedy_agree": float(np.mean([(a == b).float().mean().item() for a, b in zip(greedy, exact)])),
+                     "kv_bytes_per_token": engine.kv_cache_bytes(model, 1, dtype=next(model.parameters()).dtype, kv=kv),
+                     "cached_tok_s": tok_s})
     return rows
 
 
@@ -180,7 +214,16 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="write the numbers here")
     ap.add_argument("--depth", default=None, help="comma-separated multiples of the trained depth (e.g. "
                     "0.5,1,2,4): val CE at each, for an HRM or a UniTF, instead of the HLRole analyses")
+    ap.add_argument("--kv", default=None, help="comma-separated KV cache policies (" + ", ".join(engine.KV_POLICIES) +
+                    "; engine.py): token-by-token decoding's val CE under each, greedy agreement with the exact "
+                    "cache, bytes per token and cached tok/s, for an HRM or a UniTF, instead of the HLRole analyses. "
+                    "Every policy but full changes the output")
     args = ap.parse_args(argv)
+    policies = [k.strip() for k in args.kv.split(",") if k.strip()] if args.kv is not None else None
+    if policies is not None and (not policies or set(policies) - set(engine.KV_POLICIES)):
+        fail(f"--kv={args.kv!r}: give policies from {', '.join(engine.KV_POLICIES)}, e.g. full,last,fired")
+    if policies is not None and args.depth:
+        fail("--kv and --depth are separate analyses; give one")
     try:
         factors = [float(f) for f in args.depth.split(",")] if args.depth else None
     except ValueError:
@@ -200,6 +243,26 @@ def main(argv=None):
         if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             fail(f"--json {args.json!r} cannot be written: " + ("it is a folder" if os.path.isdir(args.json) else
                  f"the folder {os.path.dirname(args.json)!r} does not exist or is not writable"))
+    if policies:
+        model, ck = load(args.out_dir, args.ckpt, args.device, ("hrm", "unitf"), "cache policies are a recurrence's")
+        for kv in policies:
+            try:
+                engine.cache_slots(model, kv)
+            except ValueError as e:
+                fail(str(e))
+        batches = val_batches(ck, args.data_dir, args.batches, args.batch_size, model.config.block_size)
+        rows = kv_table(model, batches, args.device, policies)
+        print(f"## KV cache policies: {os.path.basename(os.path.normpath(args.out_dir))} ({model.config.arch}, "
+              f"iter {ck['iter_num']}), {args.batches * args.batch_size} validation sequences\n")
+        print("| kv | decoding val CE | greedy agreement | KV bytes/token | cached tok/s |\n|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['kv']} | {r['ce']:.4f} | {r['greedy_agree']:.3f} | {r['kv_bytes_per_token']} | "
+                  f"{r['cached_tok_s']:.0f} |")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"model_args": ck["model_args"], "iter": ck["iter_num"], "rows": rows}, f, indent=1)
+            print(f"wrote {args.json}")
+        return rows
     if factors:
         model, ck = load(args.out_dir, args.ckpt, args.device, ("hrm", "unitf"), "depth at inference needs a "
                          "recurrent model, HRM or UniTF")

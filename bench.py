@@ -130,9 +130,11 @@ def decode_weights(model, prompt):
     return ws + [model.wte.weight]
 
 
-def measure_inference(model, cfg, p, device, dtype, g, compile_forward):
-    """Latency, generation (recompute and cached), the matvec floor under cached decoding, the KV cache."""
-    out = {}
+def measure_inference(model, cfg, p, device, dtype, g, compile_forward, kv="full"):
+    """Latency, generation (recompute and cached, under cache policy kv where the model has it, else the exact
+    one), the matvec floor under cached decoding, the KV cache."""
+    kv = kv if cfg.arch == "hrm" or (cfg.arch == "unitf" and kv == "last") else "full"
+    out = {"kv": kv}
     model = model.to(dtype).eval()  # bf16 weights for inference, as the paper's memory figures imply
     x = torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g).to(device)
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
@@ -149,17 +151,17 @@ def measure_inference(model, cfg, p, device, dtype, g, compile_forward):
         out["peak_mem_mb"] = peak_mb(device)
     for use_cache, key in ((False, "gen_tok_s_recompute"), (True, "gen_tok_s_cached")):
         def gen(n=GEN):
-            return model.generate(prompt, n, temperature=0, use_cache=use_cache)
+            return model.generate(prompt, n, temperature=0, use_cache=use_cache, kv=kv if use_cache else "full")
         out[key] = GEN / timed(gen, device, p["gen_reps"], warmup=lambda: gen(8))
     out["gen_speedup"] = out["gen_tok_s_cached"] / out["gen_tok_s_recompute"]
     out["decode_matvec_ms"] = floor * 1000
     out["decode_weight_mb"] = sum(w.numel() * w.element_size() for w in ws) / 2**20
     out["gen_speedup_bound"] = (1 / out["gen_tok_s_recompute"]) / floor
     before = current_mb(device) if device.startswith("cuda") else None
-    cache = engine.new_cache(model, 1, max_len=PROMPT + GEN, dtype=dtype)
+    cache = engine.new_cache(model, 1, max_len=PROMPT + GEN, dtype=dtype, kv=kv)
     measured = cache.nbytes() if before is None else (current_mb(device) - before) * 2**20
     out["kv_cache_mb"] = measured / 2**20
-    out["kv_cache_formula_mb"] = engine.kv_cache_bytes(model, PROMPT + GEN, dtype=dtype) / 2**20
+    out["kv_cache_formula_mb"] = engine.kv_cache_bytes(model, PROMPT + GEN, dtype=dtype, kv=kv) / 2**20
     return out
 
 
@@ -214,7 +216,7 @@ def worker(phase, spec):
     g = torch.Generator().manual_seed(0)
     reset_peak(device)  # the peaks below are this model's: not those of importing torch or building it
     if phase == "infer":
-        out.update(measure_inference(model, cfg, p, device, dtype, g, spec.get("compile")))
+        out.update(measure_inference(model, cfg, p, device, dtype, g, spec.get("compile"), spec.get("kv", "full")))
     elif phase == "mem":
         out.update(measure_memory(model, cfg, p, device, dtype, g))
     else:
@@ -249,6 +251,9 @@ def main(argv=None):
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the forward for latency and generation (recompute and cached alike); "
                          "training stays eager. Compiling takes about a minute per model on a 2-core CPU")
+    ap.add_argument("--kv", choices=list(engine.KV_POLICIES), default="full",
+                    help="KV cache policy of cached generation (engine.py): full is exact; last and fired share "
+                         "slots and CHANGE the output (HRM; UniTF: last; Transformers always full)")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_spec", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -280,6 +285,7 @@ def main(argv=None):
     sheet = datasheet_tflops(device)
     print(f"# bench.py --preset={args.preset} on {dev_name}: d={p['d']}, seq={p['seq']}, vocab={p['vocab']}, "
           f"{p['dtype']}, " + ("forward compiled for latency and generation, " if args.compile else "") +
+          (f"KV cache policy {args.kv} (Transformers: full), " if args.kv != "full" else "") +
           f"measured matmul peak {peak:.2f} TFLOP/s" + (f", datasheet bf16 {sheet:.0f} TFLOP/s" if sheet else ""),
           flush=True)
     results = []
@@ -287,7 +293,7 @@ def main(argv=None):
     for name in names:
         t0 = time.time()
         spec = {"model": name, "preset": args.preset, "device": device}
-        r = {"model": name, **run_worker("infer", {**spec, "compile": args.compile})}
+        r = {"model": name, **run_worker("infer", {**spec, "compile": args.compile, "kv": args.kv})}
         r.update({k: v for k, v in run_worker("train", spec).items() if k != "params"})
         if not device.startswith("cuda"):  # memory from separate fresh processes (see run_worker)
             r["peak_mem_mb"] = run_worker("mem", {**spec, "mem_env": True})["peak_mem_mb"]

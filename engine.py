@@ -13,13 +13,51 @@ attention reads only the same step's keys at earlier positions, cached logits eq
 import torch
 import torch.nn.functional as F
 
+# Cache policies (--kv of sample.py, bench.py and analyze.py; docs/MODEL.md section 5). Only `full` is exact: the
+# others let several applications share one slot, so a past token's keys and values there are those of the
+# last application that wrote them (Huginn's "latest" lookup), where the full forward would use its own step's.
+# The new token's own keys and values are always its step's: a prompt's prefill is exact under every policy.
+KV_POLICIES = {
+    "full": "one slot per block application (exact: equals the full forward)",
+    "last": "HRM: 3 slots (input block, every Fast step, every Slow firing); UniTF: 1 slot (approximate)",
+    "fired": "HRM: N + 2 slots (input block, the Fast steps of each Slow firing, every Slow firing) (approximate)",
+}
+
+
+def cache_slots(model, kv="full"):
+    """The storage slot of each block application (model.py numbers them 0..n_cache_apps()-1) under policy
+    kv: a list, slots numbered from 0 in order of first use. ValueError where the policy does not apply."""
+    if kv not in KV_POLICIES:
+        raise ValueError(f"--kv={kv!r}: choose from {', '.join(KV_POLICIES)}")
+    n, arch = model.n_cache_apps(), model.config.arch
+    if kv == "full":
+        return list(range(n))
+    if arch == "transformer" or (kv == "fired" and arch != "hrm"):
+        raise ValueError(f"--kv={kv} does not apply to {arch} (its policies: "
+                         f"{'full' if arch == 'transformer' else 'full, last'}): "
+                         f"{'its blocks have their own weights' if arch == 'transformer' else 'it has no Slow firings'}")
+    if arch == "unitf":
+        return [0] * n
+    c, key = model.config, [None] * n   # HRM: a key per application, then keys numbered in order
+    key[0] = "input"
+    for s in range(c.S):
+        for i in range(1, c.M + 1):
+            if model.fast_cache_slot(s, i) is not None:
+                key[model.fast_cache_slot(s, i)] = "fast" if kv == "last" else ("fast", (i - 1) // c.T)
+        for j in range(1, c.N + 1):
+            if not c.fast_only:
+                key[model.slow_cache_slot(s, j)] = "slow"
+    order = list(dict.fromkeys(key))
+    return [order.index(k) for k in key]
+
 
 class KVCache:
-    """Preallocated keys and values, one slot per block application: slot `slot` holds the keys and
-    values of application number `slot`, position by position."""
+    """Preallocated keys and values: application number `slot` writes and reads storage slot slots[slot]
+    (cache_slots: one each under the exact policy, shared under the others), position by position."""
 
-    def __init__(self, n_apps, batch_size, n_head, max_len, head_dim, device, dtype):
-        shape = (n_apps, batch_size, n_head, max_len, head_dim)
+    def __init__(self, slots, batch_size, n_head, max_len, head_dim, device, dtype):
+        self.slots = slots
+        shape = (max(slots) + 1, batch_size, n_head, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)  # views, made once: decoding is op-bound
@@ -30,7 +68,7 @@ class KVCache:
         t = k.size(2)
         if pos + t > self.max_len:
             raise ValueError(f"KV cache full: {pos} + {t} > {self.max_len}")
-        k_slot, v_slot = self.k_slots[slot], self.v_slots[slot]
+        k_slot, v_slot = self.k_slots[self.slots[slot]], self.v_slots[self.slots[slot]]
         k_slot.narrow(2, pos, t).copy_(k)  # copy_ converts to the cache's dtype
         v_slot.narrow(2, pos, t).copy_(v)
         return k_slot.narrow(2, 0, pos + t), v_slot.narrow(2, 0, pos + t)
@@ -39,25 +77,26 @@ class KVCache:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
 
-def kv_cache_bytes(model, seq_len, batch_size=1, dtype=torch.float32):
-    """Size of a full KV cache: 2 * applications * n * d * bytes per sequence (docs/MODEL.md section 5)."""
+def kv_cache_bytes(model, seq_len, batch_size=1, dtype=torch.float32, kv="full"):
+    """Size of a KV cache: 2 * slots * n * d * bytes per sequence (docs/MODEL.md section 5); under the exact
+    policy the slots are the applications (Eq. kv_hrm)."""
     nbytes = torch.tensor([], dtype=dtype).element_size()
-    return 2 * model.n_cache_apps() * seq_len * model.config.n_embd * nbytes * batch_size
+    return 2 * (max(cache_slots(model, kv)) + 1) * seq_len * model.config.n_embd * nbytes * batch_size
 
 
-def new_cache(model, batch_size, max_len=None, dtype=None):
-    """An empty cache, preallocated for max_len (default block_size) positions of every application."""
+def new_cache(model, batch_size, max_len=None, dtype=None, kv="full"):
+    """An empty cache under policy kv, preallocated for max_len (default block_size) positions of every slot."""
     c = model.config
     max_len = c.block_size if max_len is None else min(max_len, c.block_size)
     if dtype is None:
         dev = model.wte.weight.device.type
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else model.wte.weight.dtype
-    return KVCache(model.n_cache_apps(), batch_size, c.n_head, max_len, c.n_embd // c.n_head,
+    return KVCache(cache_slots(model, kv), batch_size, c.n_head, max_len, c.n_embd // c.n_head,
                    model.wte.weight.device, dtype)
 
 
 @torch.no_grad()
-def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full"):
     """Sample max_new_tokens after idx (B, t), as nanoGPT does, yielding each new token (B, 1) as soon as it is
     drawn; temperature=0 is greedy.
 
@@ -71,7 +110,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=Tr
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     bs = model.config.block_size
-    cache = new_cache(model, idx.size(0), max_len=idx.size(1) + max_new_tokens) if use_cache else None
+    cache = new_cache(model, idx.size(0), max_len=idx.size(1) + max_new_tokens, kv=kv) if use_cache else None
     next_input, pos = idx[:, -bs:], 0  # what the next forward must process, and its first position
     for _ in range(max_new_tokens):
         if cache is not None and pos + next_input.size(1) > cache.max_len:
@@ -92,6 +131,6 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=Tr
         yield idx_next
 
 
-def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full"):
     """idx (B, t) followed by max_new_tokens sampled tokens (see stream)."""
-    return torch.cat([idx, *stream(model, idx, max_new_tokens, temperature, top_k, use_cache)], dim=1)
+    return torch.cat([idx, *stream(model, idx, max_new_tokens, temperature, top_k, use_cache, kv)], dim=1)

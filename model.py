@@ -248,9 +248,9 @@ class LanguageModel(nn.Module):
         """CE(logits, Y): mean over the positions whose target is not -1, in float32 even under autocast."""
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full"):
         """idx (B, t) and max_new_tokens sampled after it, as nanoGPT's; the decoding itself is engine.py's."""
-        return engine.generate(self, idx, max_new_tokens, temperature, top_k, use_cache)
+        return engine.generate(self, idx, max_new_tokens, temperature, top_k, use_cache, kv)
 
 
 # ---------------------------------------------------------------------------

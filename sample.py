@@ -19,7 +19,7 @@ from checkpoint import load_checkpoint, model_from_checkpoint
 from common import DTYPES, SIGNALLED, auto_device, auto_dtype, check_device, fail, precision_context
 from configurator import configure
 from data import get_codec, load_meta
-from engine import stream
+from engine import KV_POLICIES, cache_slots, stream
 
 # -----------------------------------------------------------------------------
 init_from = "resume"         # "resume": the checkpoint in out_dir
@@ -34,6 +34,7 @@ seed = 1337                  # the sampling generator's seed
 device = "auto"              # "auto", "cpu", "cuda", ...
 dtype = "auto"               # "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16", "float16"
 use_cache = True             # cached decoding; False re-runs the whole context for every token
+kv = "full"                  # KV cache policy: full (exact); last, fired share slots and CHANGE the output (engine.py)
 # -----------------------------------------------------------------------------
 configure(globals(), prog="sample.py")
 
@@ -46,6 +47,9 @@ if 0 < temperature < 1e-4:   # logits / temperature would overflow to inf, and s
     fail(f"temperature={temperature} is too small to sample with; use 0 for greedy decoding, or >= 1e-4")
 if top_k < 0:
     fail(f"top_k must be >= 1 (or 0 for no limit), got {top_k}")
+if kv not in KV_POLICIES or (kv != "full" and not use_cache):
+    fail(f"kv must be one of {', '.join(KV_POLICIES)}" + (", with use_cache=True" if kv in KV_POLICIES else "") +
+         f", got kv={kv!r}" + ("" if use_cache else " and use_cache=False"))
 if num_samples < 1 or max_new_tokens < 0:
     fail("num_samples must be >= 1 and max_new_tokens >= 0")
 try:
@@ -89,6 +93,10 @@ try:
     encode, decode = get_codec(meta)
 except ValueError as e:   # the GPT-2 tokenizer's package is missing
     fail(str(e))
+try:
+    cache_slots(model, kv)
+except ValueError as e:   # a policy of a recurrence, asked of a Transformer (or of UniTF, which has no firings)
+    fail(str(e))
 del checkpoint
 model.eval().to(device)
 torch.manual_seed(seed)
@@ -127,10 +135,10 @@ try:
         for k in range(num_samples):
             t0 = time.time()
             sys.stdout.write(decode(ids))
-            show(t[0, 0].item() for t in stream(model, x, max_new_tokens, temperature, top_k or None, use_cache))
+            show(t[0, 0].item() for t in stream(model, x, max_new_tokens, temperature, top_k or None, use_cache, kv))
             dt = time.time() - t0
             print(f"--------------- ({max_new_tokens} tokens in {dt:.2f} s, {max_new_tokens / max(dt, 1e-9):.1f} "
-                  f"tok/s, {'cached' if use_cache else 'full recompute'})", file=sys.stderr)
+                  f"tok/s, {f'cached, kv={kv}' if use_cache else 'full recompute'})", file=sys.stderr)
 except KeyboardInterrupt:   # what was printed stays printed
     sys.stdout.write("\n")
     sys.stdout.flush()

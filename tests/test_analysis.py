@@ -164,3 +164,27 @@ def test_depth_at_inference(runs, data_dir, tmp_path):
     assert json.load(open(tmp_path / "d.json"))["rows"] == rows
     with pytest.raises(SystemExit, match="positive multiples"):
         analyze.main([f"--out_dir={hrm}", "--depth=0,x"])
+
+
+def test_cache_policies_measured(runs, data_dir, tmp_path):
+    """--kv: token-by-token decoding under the exact cache has the model's val CE and agrees with itself;
+    the shared policies report their own CE, a smaller cache (the formula), and how far greedy text strays."""
+    import analyze
+    import engine
+    hrm = runs[0]
+    rows = analyze.main([f"--out_dir={hrm}", f"--data_dir={data_dir}", "--batches=2", "--kv=full,last,fired",
+                         f"--json={tmp_path / 'kv.json'}"])
+    model, ck = analyze.load(hrm, "ckpt.pt", "cpu")
+    batches = analyze.val_batches(ck, data_dir, 2, 1, model.config.block_size)
+    full, last, fired = rows
+    assert [r["kv"] for r in rows] == ["full", "last", "fired"]
+    assert abs(full["ce"] - analyze.val_ce(model, batches, "cpu")) < 1e-5 and full["greedy_agree"] == 1.0
+    d, c = model.config.n_embd, model.config
+    assert [r["kv_bytes_per_token"] for r in rows] == [2 * n * d * 4 for n in (1 + c.M + c.N, 3, c.N + 2)]
+    assert last["ce"] != full["ce"] and 0 <= last["greedy_agree"] <= 1 and all(r["cached_tok_s"] > 0 for r in rows)
+    assert json.load(open(tmp_path / "kv.json"))["rows"] == rows
+    assert engine.cache_slots(model, "last") == [0] + [1] * c.M + [2] * c.N
+    with pytest.raises(SystemExit, match="give policies from full, last, fired"):
+        analyze.main([f"--out_dir={hrm}", "--kv=full,lst"])
+    with pytest.raises(SystemExit, match="does not apply to transformer|cache policies are a recurrence's"):
+        analyze.main([f"--out_dir={runs[1]}", "--kv=last"])

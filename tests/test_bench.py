@@ -150,3 +150,13 @@ def test_bench_compile(tmp_path):
     (r,), p = run_bench("hrm_nt4", tmp_path, "--compile", timeout=900)
     assert r["compiled"] is True and r["gen_tok_s_cached"] > 0 and r["latency_ms"] > 0
     assert "forward compiled" in p.stdout
+
+
+def test_bench_cache_policy():
+    """--kv=fired: HRM NT=12's cached generation runs on N + 2 = 6 slots (the measured cache equals the formula);
+    a Transformer keeps its exact cache, and says so."""
+    from bench import worker
+    hrm = worker("infer", {"model": "hrm_nt12", "preset": "tiny", "device": "cpu", "kv": "fired"})
+    assert hrm["kv"] == "fired" and hrm["gen_tok_s_cached"] > 0
+    assert hrm["kv_cache_mb"] == hrm["kv_cache_formula_mb"] == pytest.approx(2 * 6 * 192 * 64 * 4 / 2**20)
+    assert worker("infer", {"model": "tf_l4", "preset": "tiny", "device": "cpu", "kv": "fired"})["kv"] == "full"

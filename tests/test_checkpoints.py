@@ -245,11 +245,14 @@ def test_a_second_signal_ends_a_stuck_run_at_once(data_dir, tmp_path):
     cmd = patched(STUCK_OP, tmp_path, train_cmd(HRM + ["--max_iters=1000"], data_dir, out))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(ENV, MARKER=marker), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: os.path.exists(marker), 120, "the third iteration")
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(1)
-    proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: proc.poll() is not None, 5, "the second signal to end the run")
+    try:
+        wait_for(lambda: os.path.exists(marker), 120, "the third iteration")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: proc.poll() is not None, 5, "the second signal to end the run")
+    finally:
+        proc.kill()   # a failure above must not leave it running
     _, err = proc.communicate(timeout=60)   # its pipes close when the stuck call's child ends too
     assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, (proc.returncode, err)
     assert err.strip().splitlines()[-2:] == ["train.py: SIGTERM: saving at the end of this iteration (send it "

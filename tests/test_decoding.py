@@ -107,6 +107,66 @@ def test_kv_cache_size(cfg, apps):
     assert engine.kv_cache_bytes(m, 100, dtype=torch.bfloat16) == 2 * apps * 100 * cfg.n_embd * 2
 
 
+# --- cache policies (--kv): where each application writes, what it costs, what it changes --------------
+
+@pytest.mark.parametrize("cfg,kv,slots", [
+    # HRM N=2, T=3, S=1: application 0 the input block, 1..6 the Fast steps, 7..8 the Slow firings
+    (tiny("hrm", N=2, T=3), "full", list(range(9))),
+    (tiny("hrm", N=2, T=3), "last", [0, 1, 1, 1, 1, 1, 1, 2, 2]),
+    (tiny("hrm", N=2, T=3), "fired", [0, 1, 1, 1, 2, 2, 2, 3, 3]),                    # N + 2 slots
+    (tiny("hrm", N=2, T=3, S=2), "fired", [0] + [1, 1, 1, 2, 2, 2] * 2 + [3] * 4),   # passes share them too
+    (tiny("hrm", N=2, T=3, fast_attn_steps=2), "fired", [0, 1, 2, 3, 3]),           # Fast steps 3 and 6 attend
+    (tiny("unitf", M=5), "last", [0] * 5),
+])
+def test_cache_policy_slots_and_size(cfg, kv, slots):
+    m = build_model(cfg)
+    assert engine.cache_slots(m, kv) == slots
+    cache = engine.new_cache(m, batch_size=3, kv=kv)
+    assert cache.k.shape[0] == max(slots) + 1
+    assert cache.nbytes() == engine.kv_cache_bytes(m, cfg.block_size, batch_size=3, kv=kv) \
+        == 2 * (max(slots) + 1) * cfg.block_size * cfg.n_embd * 4 * 3
+
+
+def test_cache_policy_that_does_not_apply_is_refused():
+    with pytest.raises(ValueError, match="--kv=last does not apply to transformer"):
+        engine.cache_slots(build_model(tiny("transformer", n_layer=2)), "last")
+    with pytest.raises(ValueError, match="--kv=fired does not apply to unitf"):
+        engine.cache_slots(build_model(tiny("unitf", M=3)), "fired")
+    with pytest.raises(ValueError, match="choose from full, last, fired"):
+        engine.cache_slots(build_model(tiny("unitf", M=3)), "lasts")
+
+
+@pytest.mark.parametrize("cfg,kv", [(tiny("hrm", N=2, T=3, K=1), "last"), (tiny("hrm", N=2, T=3, K=1), "fired"),
+                                    (tiny("unitf", M=3, K=1), "last")], ids=["hrm-last", "hrm-fired", "unitf-last"])
+def test_shared_cache_holds_the_last_writer_and_changes_decoding(cfg, kv):
+    """A prefill is exact under every policy, and leaves in each shared slot the keys and values of the last
+    application that writes it (the exact cache's slot of that application); decoding then reads them in place
+    of each step's own, so the logits move off the full forward's (the policy is approximate, as --help says)."""
+    m = make(cfg, scale=4.0).eval()
+    idx = torch.randint(0, V, (2, 30), generator=torch.Generator().manual_seed(5))
+    slots = engine.cache_slots(m, kv)
+    with torch.no_grad():
+        full, _ = m(idx)
+        exact, shared = engine.new_cache(m, 2), engine.new_cache(m, 2, kv=kv)
+        assert torch.equal(m(idx[:, :20], cache=exact)[0], m(idx[:, :20], cache=shared)[0])   # prefill: exact
+        last_writer = {s: app for app, s in enumerate(slots)}   # applications run in their numbered order
+        for s, app in last_writer.items():
+            assert torch.equal(shared.k[s, :, :, :20], exact.k[app, :, :, :20]), (s, app)
+            assert torch.equal(shared.v[s, :, :, :20], exact.v[app, :, :, :20]), (s, app)
+        steps = [m(idx[:, t:t + 1], cache=shared, pos=t)[0] for t in range(20, 30)]
+    assert (torch.cat(steps, 1) - full[:, 20:]).abs().max().item() > 1e-4
+
+
+def test_shared_cache_is_exact_where_nothing_is_shared():
+    """N = T = 1 (one application per module) and UniTF M = 1: `last` and `fired` are the exact cache."""
+    for cfg, kvs in [(tiny("hrm", N=1, T=1, K=1), ("last", "fired")), (tiny("unitf", M=1, K=1), ("last",))]:
+        m = make(cfg, scale=4.0).eval()
+        for kv in kvs:
+            assert engine.cache_slots(m, kv) == list(range(m.n_cache_apps()))
+        a = m.generate(torch.zeros((1, 3), dtype=torch.long), 20, temperature=0, kv=kvs[-1])
+        assert torch.equal(a, m.generate(torch.zeros((1, 3), dtype=torch.long), 20, temperature=0, use_cache=False))
+
+
 # --- norm="pre" and the fast_only control: causality and the cache ---------------------------------
 
 PRE = [tiny("hrm", N=2, T=2, K=1, S=2, norm="pre"), tiny("transformer", n_layer=3, norm="pre"),
@@ -156,7 +216,9 @@ def test_greedy_identical_with_and_without_cache(ckpt_dir):
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     assert a.stdout.startswith("ROMEO:") and len(a.stdout) > 40
     assert a.stdout == b.stdout
-    assert "cached" in a.stderr and "full recompute" in b.stderr
+    assert "cached, kv=full" in a.stderr and "full recompute" in b.stderr
+    c = sample(*common, "--kv=fired")   # a shared cache: text of its own, said so on stderr
+    assert c.returncode == 0 and c.stdout.startswith("ROMEO:") and "cached, kv=fired" in c.stderr, c.stderr
 
 
 def test_sampling_is_seeded(ckpt_dir):
@@ -181,6 +243,8 @@ def test_long_prompt_is_cropped_with_a_note(ckpt_dir, tmp_path):
     (["--top_k=-1"], "top_k must be >= 1"),
     (["--start=FILE:/nonexistent.txt"], "cannot read the prompt file"),
     (["--tempreature=1"], "unknown config key 'tempreature'"),
+    (["--kv=lst"], "kv must be one of full, last, fired, got kv='lst'"),
+    (["--kv=last", "--use_cache=False"], "with use_cache=True, got kv='last' and use_cache=False"),
 ])
 def test_sample_bad_input_is_one_line(ckpt_dir, args, msg):
     line = one_error_line(sample(f"--out_dir={ckpt_dir}", *args), prog="sample.py")

@@ -24,6 +24,20 @@ sweep.run_all([tuple(job) for job in json.loads(sys.argv[1])], 1)
 """
 
 
+@pytest.fixture(autouse=True)
+def reap(tmp_path):
+    """After each case, however it ended (a failed assertion, a deadline), no runner or train.py of it is left:
+    a break under test must not leave processes burning the cores the rest of the suite needs."""
+    yield
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(tmp_path).encode() in f.read() and int(pid) != os.getpid():
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
 def start_runner(tmp_path, data_dir, names):
     """A runner (in its own session, as in a terminal) over one long train.py run per name; it and the jobs."""
     script = tmp_path / "runner.py"
