@@ -232,7 +232,7 @@ def stuck_clip(*a, **k):
     calls[0] += 1
     if calls[0] == 3:
         open(os.environ["MARKER"], "w").close()
-        ctypes.CDLL(None).system(b"sleep 10 </dev/null >/dev/null 2>&1")
+        ctypes.CDLL(None).system(b"exec sleep 10 </dev/null >/dev/null 2>&1")
     return real_clip(*a, **k)
 torch.nn.utils.clip_grad_norm_ = stuck_clip
 """
@@ -253,7 +253,7 @@ def test_a_second_signal_ends_a_stuck_run_at_once(data_dir, tmp_path):
         wait_for(lambda: proc.poll() is not None, 5, "the second signal to end the run")
     finally:
         proc.kill()   # a failure above must not leave it running
-    _, err = proc.communicate(timeout=60)   # its pipes close when the stuck call's child ends too
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, (proc.returncode, err)
     assert err.strip().splitlines()[-2:] == ["train.py: SIGTERM: saving at the end of this iteration (send it "
                                              "again to quit without saving)",

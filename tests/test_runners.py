@@ -76,7 +76,9 @@ def saved_at(out_dir):
     return torch.load(os.path.join(out_dir, "ckpt_last.pt"), weights_only=True)["iter_num"]
 
 
-@pytest.mark.parametrize("sig, everyone", [(signal.SIGINT, False), (signal.SIGTERM, True)])
+# SIGINT to the group slow (CI time): the same handler as the SIGTERM case, which also checks the one forward
+@pytest.mark.parametrize("sig, everyone", [pytest.param(signal.SIGINT, False, marks=pytest.mark.slow),
+                                           (signal.SIGTERM, True)])
 def test_a_signal_to_the_runner_stops_its_run_and_it_saves(sig, everyone, data_dir, tmp_path):
     """Ctrl-C in the runner's terminal (its process group), or a scheduler's SIGTERM to every process of the
     job: the run gets the signal once (twice would quit it without saving), saves, and the runner exits 128 + n
