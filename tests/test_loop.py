@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from conftest import HRM, ROOT, TINY, run_train
+from conftest import HRM, ROOT, run_train
 from configurator import check_train_settings, read_settings, train_setting_notes
 
 # warmup 3, cosine to iteration 8, floor after; G=2 micro-batches of 2; a clip that binds (K/M = 1/2 of 0.1)
