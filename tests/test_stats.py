@@ -112,3 +112,26 @@ def test_a_damaged_committed_log_is_one_line(tmp_path):
     (tmp_path / "run.json").write_text('{"command": "python tr')
     with pytest.raises(SystemExit, match=r"run.json cannot be read \(Unterminated string.*\); restore it"):
         sweep.facts(str(tmp_path))
+
+
+def test_kv_policy_table_pairs_each_policy_with_full_by_seed(monkeypatch):
+    """docs/kv_policies.py's table on made-up readings of the committed 400-iteration runs: each shared policy's
+    CE against the exact cache's, paired by seed (the same model, read two ways)."""
+    import kv_policies
+    extra = {"1337": 0.02, "42": 0.03, "2024": 0.025}   # last's CE above full's, seed by seed
+    base = {"1337": 1.50, "42": 1.60, "2024": 1.55}      # seeds differ far more than the policies do
+
+    def made_up(out_dir):
+        if "hrm-post" not in out_dir or "out-sweep" not in out_dir:
+            return None
+        s = sweep.seed_of(out_dir)
+        row = dict(greedy_agree=1.0, kv_bytes_per_token=1, cached_tok_s=100.0)
+        return {"iter": 400, "rows": [dict(row, kv="full", ce=base[s]),
+                                      dict(row, kv="last", ce=base[s] + extra[s], greedy_agree=0.5)]}
+    monkeypatch.setattr(kv_policies, "reading", made_up)
+    table = kv_policies.table()
+    full, last = [line for line in table.splitlines() if line.startswith("| hrm-post | 400 |")]
+    assert full.startswith("| hrm-post | 400 | full | 3 | 1.5500 ± 0.0500 | - | 1.000 |"), full
+    # paired: +0.025 with sd 0.005 over 3 seeds, t = 8.66 on 2 df; Welch on the raw CEs could not tell
+    assert last.startswith("| hrm-post | 400 | last | 3 | 1.5750 ± 0.0550 | +0.025 [+0.013, +0.037], p = 0.013 | "
+                           "0.500 |"), last

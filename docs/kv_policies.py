@@ -1,0 +1,124 @@
+"""
+KV cache policies measured (docs/MODEL.md section 5): what sharing cache slots across a recurrence's steps
+costs in quality, against what it saves in memory, on the character testbed's trained models. For HRM post-
+and pre-norm, UniTF post-norm and UniTF with full backprop, at their chosen learning rates after 400
+iterations (docs/sweep.py) and 4000 (docs/long_run.py), 3 seeds each, it reads every policy of the model
+(HRM: full, last, fired; UniTF: full, last) with analyze.py's kv_table on 64 validation sequences of 128
+characters: token-by-token decoding's val CE, greedy agreement with exact decoding over 200 tokens, KV bytes
+per token, cached tok/s (one thread).
+
+    python docs/sweep.py && python docs/long_run.py   # first: the runs this reads
+    python docs/kv_policies.py            # rerun the runs whose readings are missing, read them, the table
+    python docs/kv_policies.py --dry-run  # list the train.py commands it would rerun; run nothing
+    python docs/kv_policies.py --tables   # the table only, from the committed readings
+
+Checkpoints are not committed, so a run whose reading (kv.json beside its log) is missing is trained again
+(deterministic on CPU; only a rerun that reproduces its committed log is read), as long_run.py does. The
+reading is of the model after the last iteration (ckpt_last.pt), whose CE the other tables report.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import long_run  # noqa: E402  (its chosen learning rates and its run commands)
+import stats  # noqa: E402
+import sweep  # noqa: E402  (the runner, the 400-iteration learning rates and the committed logs)
+
+VARIANTS = ["hrm-post", "hrm-pre", "unitf-post", "unitf_full-post"]
+POLICIES = {"hrm": ["full", "last", "fired"], "unitf": ["full", "last"]}
+LENGTHS = [400, long_run.ITERS]
+
+
+def runs(v, iters):
+    """(out_dir, command) of the variant's finished runs at its chosen lr for that length, one per seed."""
+    lr = sweep.best_lr("char", v) if iters == 400 else long_run.chosen(v)
+    if lr is None:
+        return []
+    jobs = [sweep.command("char", v, lr, s) if iters == 400 else long_run.job(v, lr, s) for s in sweep.SEEDS]
+    return [(d, cmd) for d, cmd in jobs if sweep.finished(d)]
+
+
+def kv_path(out_dir):
+    return os.path.join(sweep.ROOT, sweep.log_dir(out_dir), "kv.json")
+
+
+def reading(out_dir):
+    """The committed kv.json of a run, or None."""
+    path = kv_path(out_dir)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def read(out_dir):
+    """Read every policy of the run's last checkpoint and commit it beside the log (written last, atomically)."""
+    import torch
+    from analyze import kv_table, load, val_batches
+    torch.set_num_threads(1)
+    model, ck = load(out_dir, "ckpt_last.pt", "cpu", ("hrm", "unitf"))
+    if ck["iter_num"] != sweep.max_iters_of(sweep.facts(out_dir)["command"].split()):
+        return   # cut off before its last iteration: nothing to read yet
+    batches = val_batches(ck, os.path.join(sweep.ROOT, "data"), 16, 4, model.config.block_size)
+    rows = kv_table(model, batches, "cpu", POLICIES[model.config.arch])
+    path = kv_path(out_dir)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"iter": ck["iter_num"], "rows": rows}, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def missing():
+    """Every run whose reading is missing: the 400-iteration ones first (minutes each, not hours)."""
+    return [(d, cmd) for n in LENGTHS for v in VARIANTS for d, cmd in runs(v, n) if reading(d) is None]
+
+
+def table():
+    """Markdown: per variant and length, each policy's seed-mean decoding CE, its paired difference from the
+    exact cache (95% interval, p), greedy agreement, bytes per token and tok/s."""
+    lines = ["### KV cache policies: decoding val CE by policy (mean ± sd over seeds; difference from `full` paired "
+             "by seed, 95% interval and p)\n",
+             "| variant | iters | kv | seeds | decoding CE | vs full | greedy agreement | KV bytes/token | cached tok/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for v in VARIANTS:
+        for n in LENGTHS:
+            read_runs = {sweep.seed_of(d): reading(d) for d, _ in runs(v, n) if reading(d)}
+            if not read_runs:
+                continue
+            by = {s: {r["kv"]: r for r in k["rows"]} for s, k in read_runs.items()}
+            for kv in next(iter(by.values())):
+                ce = {s: rows[kv]["ce"] for s, rows in by.items()}
+                m, sd, k = sweep.mean_sd(list(ce.values()))
+                diff = "-" if kv == "full" else str(stats.paired(ce, {s: rows["full"]["ce"] for s, rows in by.items()})
+                                                    or "too few seeds")
+                agree = sweep.mean_sd([rows[kv]["greedy_agree"] for rows in by.values()])[0]
+                tok_s = sweep.mean_sd([rows[kv]["cached_tok_s"] for rows in by.values()])[0]
+                lines.append(f"| {v} | {n} | {kv} | {k} | {m:.4f} ± {sd:.4f} | {diff} | {agree:.3f} | "
+                             f"{next(iter(by.values()))[kv]['kv_bytes_per_token']} | {tok_s:.0f} |")
+    if len(lines) == 3:
+        lines.append("| (no readings yet: run python docs/kv_policies.py) | | | | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = sweep.runner_parser(__doc__, "print the table only, from the committed readings")
+    args = ap.parse_args()
+    os.chdir(sweep.ROOT)
+    if args.dry_run:
+        for d, cmd in missing():
+            print(f"# rerun for its checkpoint, then read it: OMP_NUM_THREADS=1 python {' '.join(cmd[1:])}")
+        return
+    if not args.tables:
+        sweep.require_data("kv_policies.py", [("shakespeare_char", "--dataset=shakespeare_char")])
+        jobs = missing()
+        print(f"{len(jobs)} runs to rerun and read", flush=True)
+        for i in range(0, len(jobs), args.workers):   # read each group as it finishes, not all at the end
+            for d in sweep.run_all(jobs[i:i + args.workers], args.workers, rerun=True):
+                print(f"reading {d}", flush=True)
+                read(d)
+    print(table())
+
+
+if __name__ == "__main__":
+    main()
