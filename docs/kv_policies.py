@@ -90,8 +90,9 @@ def table():
             for kv in next(iter(by.values())):
                 ce = {s: rows[kv]["ce"] for s, rows in by.items()}
                 m, sd, k = sweep.mean_sd(list(ce.values()))
-                diff = "-" if kv == "full" else str(stats.paired(ce, {s: rows["full"]["ce"] for s, rows in by.items()})
-                                                    or "too few seeds")
+                d = None if kv == "full" else stats.paired(ce, {s: rows["full"]["ce"] for s, rows in by.items()})
+                diff = "-" if kv == "full" else "too few seeds" if d is None else \
+                    f"{d.diff:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}], p = {stats.p_text(d.p)}"   # 4 places: small effects
                 agree = sweep.mean_sd([rows[kv]["greedy_agree"] for rows in by.values()])[0]
                 tok_s = sweep.mean_sd([rows[kv]["cached_tok_s"] for rows in by.values()])[0]
                 lines.append(f"| {v} | {n} | {kv} | {k} | {m:.4f} ± {sd:.4f} | {diff} | {agree:.3f} | "

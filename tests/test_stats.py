@@ -133,5 +133,5 @@ def test_kv_policy_table_pairs_each_policy_with_full_by_seed(monkeypatch):
     full, last = [line for line in table.splitlines() if line.startswith("| hrm-post | 400 |")]
     assert full.startswith("| hrm-post | 400 | full | 3 | 1.5500 ± 0.0500 | - | 1.000 |"), full
     # paired: +0.025 with sd 0.005 over 3 seeds, t = 8.66 on 2 df; Welch on the raw CEs could not tell
-    assert last.startswith("| hrm-post | 400 | last | 3 | 1.5750 ± 0.0550 | +0.025 [+0.013, +0.037], p = 0.013 | "
+    assert last.startswith("| hrm-post | 400 | last | 3 | 1.5750 ± 0.0550 | +0.0250 [+0.0126, +0.0374], p = 0.013 | "
                            "0.500 |"), last
