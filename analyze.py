@@ -243,36 +243,33 @@ def main(argv=None):
         if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             fail(f"--json {args.json!r} cannot be written: " + ("it is a folder" if os.path.isdir(args.json) else
                  f"the folder {os.path.dirname(args.json)!r} does not exist or is not writable"))
-    if policies:
-        model, ck = load(args.out_dir, args.ckpt, args.device, ("hrm", "unitf"), "cache policies are a recurrence's")
-        for kv in policies:
+    if policies or factors:   # the row analyses of a recurrence: a table, and the rows as --json
+        model, ck = load(args.out_dir, args.ckpt, args.device, ("hrm", "unitf"),
+                         "cache policies are a recurrence's" if policies else
+                         "depth at inference needs a recurrent model, HRM or UniTF")
+        for kv in policies or []:
             try:
                 engine.cache_slots(model, kv)
             except ValueError as e:
                 fail(str(e))
         batches = val_batches(ck, args.data_dir, args.batches, args.batch_size, model.config.block_size)
-        rows = kv_table(model, batches, args.device, policies)
-        print(f"## KV cache policies: {os.path.basename(os.path.normpath(args.out_dir))} ({model.config.arch}, "
-              f"iter {ck['iter_num']}), {args.batches * args.batch_size} validation sequences\n")
-        print("| kv | decoding val CE | greedy agreement | KV bytes/token | cached tok/s |\n|---|---|---|---|---|")
-        for r in rows:
-            print(f"| {r['kv']} | {r['ce']:.4f} | {r['greedy_agree']:.3f} | {r['kv_bytes_per_token']} | "
-                  f"{r['cached_tok_s']:.0f} |")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"model_args": ck["model_args"], "iter": ck["iter_num"], "rows": rows}, f, indent=1)
-            print(f"wrote {args.json}")
-        return rows
-    if factors:
-        model, ck = load(args.out_dir, args.ckpt, args.device, ("hrm", "unitf"), "depth at inference needs a "
-                         "recurrent model, HRM or UniTF")
-        batches = val_batches(ck, args.data_dir, args.batches, args.batch_size, model.config.block_size)
-        rows = depth_table(model, batches, args.device, factors)
-        print(f"## Depth at inference: {os.path.basename(os.path.normpath(args.out_dir))} ({model.config.arch}, trained "
-              f"at M={model.config.M}), {args.batches * args.batch_size} validation sequences\n")
-        print("| varied | N | T | M | depth / trained | val CE |\n|---|---|---|---|---|---|")
-        for r in rows:
-            print(f"| {r['varied']} | {r['N'] or '-'} | {r['T'] or '-'} | {r['M']} | {r['depth']:.2f} | {r['ce']:.4f} |")
+        name, n_seq = os.path.basename(os.path.normpath(args.out_dir)), args.batches * args.batch_size
+        if policies:
+            rows = kv_table(model, batches, args.device, policies)
+            print(f"## KV cache policies: {name} ({model.config.arch}, iter {ck['iter_num']}), {n_seq} validation "
+                  f"sequences\n")
+            print("| kv | decoding val CE | greedy agreement | KV bytes/token | cached tok/s |\n|---|---|---|---|---|")
+            for r in rows:
+                print(f"| {r['kv']} | {r['ce']:.4f} | {r['greedy_agree']:.3f} | {r['kv_bytes_per_token']} | "
+                      f"{r['cached_tok_s']:.0f} |")
+        else:
+            rows = depth_table(model, batches, args.device, factors)
+            print(f"## Depth at inference: {name} ({model.config.arch}, trained at M={model.config.M}), {n_seq} "
+                  f"validation sequences\n")
+            print("| varied | N | T | M | depth / trained | val CE |\n|---|---|---|---|---|---|")
+            for r in rows:
+                print(f"| {r['varied']} | {r['N'] or '-'} | {r['T'] or '-'} | {r['M']} | {r['depth']:.2f} | "
+                      f"{r['ce']:.4f} |")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"model_args": ck["model_args"], "iter": ck["iter_num"], "rows": rows}, f, indent=1)

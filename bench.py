@@ -133,7 +133,10 @@ def decode_weights(model, prompt):
 def measure_inference(model, cfg, p, device, dtype, g, compile_forward, kv="full"):
     """Latency, generation (recompute and cached, under cache policy kv where the model has it, else the exact
     one), the matvec floor under cached decoding, the KV cache."""
-    kv = kv if cfg.arch == "hrm" or (cfg.arch == "unitf" and kv == "last") else "full"
+    try:
+        engine.cache_slots(model, kv)
+    except ValueError:   # a policy this model does not have (a Transformer; fired for UniTF): the exact cache
+        kv = "full"
     out = {"kv": kv}
     model = model.to(dtype).eval()  # bf16 weights for inference, as the paper's memory figures imply
     x = torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g).to(device)
