@@ -168,6 +168,58 @@ def measure_inference(model, cfg, p, device, dtype, g, compile_forward, kv="full
     return out
 
 
+def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full", n_prof=32):
+    """--profile: where a cached token's time goes. One-token steps timed alternately with the floor (the same
+    weight matrix-vector products back to back), so the machine's drift hits both alike; then n_prof steps under
+    torch.profiler: per token, the ops' CPU time and count, and the share in matrix products."""
+    import statistics
+    from torch.profiler import profile
+    try:
+        engine.cache_slots(model, kv)
+    except ValueError:   # a policy this model does not have: the exact cache, as in the table
+        kv = "full"
+    model = model.to(dtype).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
+    ws = decode_weights(model, prompt)
+    xs = {n: torch.randn(1, n, generator=g).to(device=device, dtype=dtype) for n in {w.size(1) for w in ws}}
+    if compile_forward:
+        model.forward = torch.compile(model.forward, dynamic=True)
+    cache = engine.new_cache(model, 1, max_len=PROMPT + GEN, dtype=dtype, kv=kv)
+    tok, floors, steps = prompt[:, -1:], [], []
+    with torch.no_grad():
+        model(prompt, cache=cache, pos=0, last_only=True)   # the prefill
+        for pos in range(PROMPT, PROMPT + GEN):             # the first 8 steps warm up (and compile)
+            floor = timed(lambda: [F.linear(xs[w.size(1)], w) for w in ws], device, 1)
+            step = timed(lambda: model(tok, cache=cache, pos=pos, last_only=True), device, 1, warmup=lambda: None)
+            if pos >= PROMPT + 8:
+                floors.append(floor)
+                steps.append(step)
+        with profile() as prof:
+            for pos in range(PROMPT + 8, PROMPT + 8 + n_prof):   # positions written before: rewritten alike
+                model(tok, cache=cache, pos=pos, last_only=True)
+    ev = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in ev) / n_prof / 1e3
+    mm = sum(e.self_cpu_time_total for e in ev if e.key in ("aten::mm", "aten::addmm")) / n_prof / 1e3
+    top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:8]
+    return {"step_ms": statistics.median(steps) * 1e3, "floor_ms": statistics.median(floors) * 1e3,
+            "steps": len(steps), "profiled_ms": total, "mm_ms": mm,
+            "mm_calls": sum(e.count for e in ev if e.key in ("aten::mm", "aten::addmm")) / n_prof,
+            "ops": sum(e.count for e in ev) / n_prof, "mm_floor_ms": timed(
+                lambda: [F.linear(xs[w.size(1)], w) for w in ws], device, 20) * 1e3,
+            "top": [(e.key, e.self_cpu_time_total / n_prof / 1e3, e.count / n_prof) for e in top]}
+
+
+def show_profile(name, r):
+    """--profile's lines for one model."""
+    print(f"{name}: a cached token takes {r['step_ms']:.2f} ms, the floor {r['floor_ms']:.2f} ms (medians of "
+          f"{r['steps']} alternating timings): {r['floor_ms'] / r['step_ms']:.0%} of the bound")
+    print(f"  profiled, per token: {r['profiled_ms']:.2f} ms of CPU time in {r['ops']:.0f} ops; matrix products "
+          f"{r['mm_ms']:.2f} ms ({r['mm_ms'] / r['profiled_ms']:.0%}), the same products back to back "
+          f"{r['mm_floor_ms']:.2f} ms; the rest {r['profiled_ms'] - r['mm_ms']:.2f} ms")
+    for key, ms, calls in r["top"]:
+        print(f"  {ms:7.3f} ms {calls:6.1f} calls  {key[:70]}")
+
+
 def measure_memory(model, cfg, p, device, dtype, g):
     """Peak resident memory of one forward on the CPU (run in a fresh process whose allocator returns
     freed tensors to the OS: see run_worker)."""
@@ -218,7 +270,9 @@ def worker(phase, spec):
     out = {"params": model.num_params()}
     g = torch.Generator().manual_seed(0)
     reset_peak(device)  # the peaks below are this model's: not those of importing torch or building it
-    if phase == "infer":
+    if phase == "profile":
+        out.update(profile_decoding(model, cfg, p, device, dtype, g, spec.get("compile"), spec.get("kv", "full")))
+    elif phase == "infer":
         out.update(measure_inference(model, cfg, p, device, dtype, g, spec.get("compile"), spec.get("kv", "full")))
     elif phase == "mem":
         out.update(measure_memory(model, cfg, p, device, dtype, g))
@@ -257,6 +311,9 @@ def main(argv=None):
     ap.add_argument("--kv", choices=list(engine.KV_POLICIES), default="full",
                     help="KV cache policy of cached generation (engine.py): full is exact; last and fired share "
                          "slots and CHANGE the output (HRM; UniTF: last; Transformers always full)")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of the table: where a cached token's time goes, per model (its time against the "
+                         "matvec floor, timed alternately; then torch.profiler's ops per token)")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_spec", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -293,7 +350,11 @@ def main(argv=None):
           flush=True)
     results = []
     t_all = time.time()
-    for name in names:
+    for name in names if args.profile else ():
+        spec = {"model": name, "preset": args.preset, "device": device, "compile": args.compile, "kv": args.kv}
+        results.append({"model": name, **run_worker("profile", spec)})
+        show_profile(name, results[-1])
+    for name in names if not args.profile else ():
         t0 = time.time()
         spec = {"model": name, "preset": args.preset, "device": device}
         r = {"model": name, **run_worker("infer", {**spec, "compile": args.compile, "kv": args.kv})}
@@ -310,6 +371,11 @@ def main(argv=None):
                  preset=args.preset, dtype=p["dtype"], seq=p["seq"], compiled=args.compile)
         results.append(r)
         print(f"  {name}: {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+    if args.profile:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     ref = next((r for r in results if r["model"] == "tf_l4"), None)
     cols = ["model", "params", "latency ms", "x T-L4", "peak MB", "gen tok/s (recompute)", "x T-L4",
             "gen tok/s (cached)", "cached/recompute", "bound", "KV cache MB", "train ms/iter", "train tok/s",

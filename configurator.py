@@ -180,6 +180,12 @@ def check_train_settings(config, ddp):
         errors.append(f"random_depth=True varies the recurrence of hrm/unitf, with K_slow=0 and fast_attn_steps=None "
                       f"(both are counted in steps a shallower draw may not have); got arch={config['arch']!r}, "
                       f"K_slow={config['K_slow']}, fast_attn_steps={config['fast_attn_steps']}")
+    kv = config["train_kv"]
+    if kv != "full" and (config["arch"] != "unitf" or kv != "last" or ddp or config["compile"]):
+        errors.append(f"train_kv={kv!r}: only 'full' (the default) or, for arch='unitf' in one process without "
+                      f"compile, 'last' (HRM's shared caches need no remedy: docs/RESULTS.md section 8; its loss's "
+                      f"fusion entropy spans every position at once); got arch={config['arch']!r}"
+                      + (", under torchrun" if ddp else "") + (", compile=True" if config["compile"] else ""))
     least = dict(batch_size=1, max_iters=0, eval_iters=1, eval_interval=1, log_interval=1, max_nonfinite=1,
                  min_lr=0, weight_decay=0, grad_clip=0, warmup_iters=0, lr_decay_iters=0, seed=0, vocab_size=0)
     errors += [f"{k} must be >= {v}, got {config[k]}" for k, v in least.items() if config[k] < v]

@@ -77,6 +77,32 @@ class KVCache:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
 
+class GrowingCache:
+    """A policy's cache for training through it (teacher_forced): every write makes new tensors (torch.cat) where
+    KVCache writes in place, which autograd cannot differentiate through once the slot is read again. What it
+    holds, and so what attention reads, is KVCache's under the same policy."""
+
+    max_len = float("inf")
+
+    def __init__(self, slots):
+        self.slots, self.k, self.v = slots, {}, {}
+
+    def update(self, slot, pos, k, v):
+        s = self.slots[slot]
+        if pos:   # positions 0..pos-1 as last written; the new ones replace whatever stood at pos.. before
+            k, v = torch.cat([self.k[s][:, :, :pos], k], 2), torch.cat([self.v[s][:, :, :pos], v], 2)
+        self.k[s], self.v[s] = k, v
+        return k, v
+
+
+def teacher_forced(model, idx, kv):
+    """Logits (B, n, vocab) of idx (B, n) decoded token by token under cache policy kv, with gradients: training
+    with the attention pattern the model will decode with (train.py's train_kv; Huginn's remedy for a shared
+    cache). Under kv="full" it equals model(idx), gradients included, at n times the Python overhead."""
+    cache = GrowingCache(cache_slots(model, kv))
+    return torch.cat([model(idx[:, t:t + 1], cache=cache, pos=t)[0] for t in range(idx.size(1))], dim=1)
+
+
 def kv_cache_bytes(model, seq_len, batch_size=1, dtype=torch.float32, kv="full"):
     """Size of a KV cache: 2 * slots * n * d * bytes per sequence (docs/MODEL.md section 5); under the exact
     policy the slots are the applications (Eq. kv_hrm)."""

@@ -37,6 +37,7 @@ signal.signal(signal.SIGTERM, stopped_in_setup)
 import torch  # noqa: E402
 
 import data  # noqa: E402
+import engine  # noqa: E402
 import parallel  # noqa: E402
 from checkpoint import CKPT_BEST, CKPT_LAST, append_log, resume_path, start_run  # noqa: E402
 from common import DIVERGED, DTYPES, fail, fmt_time, precision_context  # noqa: E402
@@ -95,6 +96,7 @@ beta2 = 0.95                 # AdamW second-moment decay
 grad_clip = 1.0              # clip norm; HRM/UniTF use grad_clip * K / M (0 = off)
 decay_lr = True              # linear warmup then cosine; False = constant
 random_depth = False         # hrm/unitf: train each iteration at N' (M') uniform on 1..2D-1, D the config's N (M)
+train_kv = "full"            # unitf: "last" trains and evaluates token by token through decoding's shared cache (engine.py)
 warmup_iters = 1000          # linear warmup (HRM: max(1000, N*T*100), docs/MODEL.md section 6)
 lr_decay_iters = 0           # cosine reaches min_lr here (0 = max_iters)
 # system
@@ -166,6 +168,15 @@ def train_depth(it):
     return random.Random(seed * 1_000_003 + it).randint(1, 2 * loop_depth - 1)
 
 
+def forward(m, X, Y=None):
+    """(logits, loss) of the model m; with train_kv, as it decodes under that cache policy, token by token
+    (engine.teacher_forced: Huginn's remedy for a cache shared across steps, docs/MODEL.md section 5)."""
+    if train_kv == "full":
+        return m(X, Y)
+    logits = engine.teacher_forced(m, X, train_kv)
+    return logits, None if Y is None else raw_model.cross_entropy(logits, Y)
+
+
 def get_lr(it):
     """Linear warmup, then cosine from learning_rate to min_lr at decay_iters."""
     if not decay_lr:
@@ -194,7 +205,7 @@ def estimate_loss(stop):
             if k < eval_iters or fsdp:
                 X, Y = get_batch(split, 1 + s, 0, k % eval_iters)
                 with ctx:
-                    logits, _ = raw_model(X)
+                    logits, _ = forward(raw_model, X)
                 if k < eval_iters:
                     batch_losses.append(raw_model.cross_entropy(logits, Y).item())
         out[split] = parallel.all_mean(batch_losses, ranks)
@@ -265,7 +276,7 @@ while True:  # Loop 1
         X, Y = get_batch("train", 0, run.iter_num, ranks.rank + m_i * world_size)
         parallel.no_sync_unless(model, ranks, fsdp, last=m_i == micro_per_rank - 1)
         with ctx:
-            _, loss = model(X, Y)
+            _, loss = forward(model, X, Y)
         loss_sum += loss.detach().double()
         scaler.scale(loss / micro_per_rank).backward()  # DDP averages over ranks: the global mean
     if random_depth:

@@ -41,6 +41,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stats  # noqa: E402
 import sweep  # noqa: E402  (its runner)
 
 OUT = "out-beyond"
@@ -130,21 +131,23 @@ def tables(args, plots=True):
     iters = args.max_iters
     print(f"### Beyond the paper: character testbed, HRM N=4, T=2 (M=8), d=128, {iters} iterations, lr 3e-3, "
           f"seeds {', '.join(map(str, args.seeds))}\n")
-    print("| variant | what | val CE (mean ± sd) | vs paper K=2 | MFLOPs/token | iter MB | ms/iter | KV cache MB | params |")
+    print("| variant | what | val CE (mean ± sd) | vs paper K=2 (paired by seed: 95% interval, p) | MFLOPs/token | "
+          "iter MB | ms/iter | KV cache MB | params |")
     print("|---|---|---|---|---|---|---|---|---|")
-    rows = {}
+    rows, by_seed = {}, {}
     for v in args.variants:
         dirs = [run_dir(args.out, v, s) for s in args.seeds]
         m, sd, n = mean_sd([final_val(d) for d in dirs])
+        by_seed[v] = {s: final_val(d) for s, d in zip(args.seeds, dirs) if math.isfinite(final_val(d))}
         meas = next((r for r in (measured(d) for d in dirs if finished(d)) if r), None)
         ms = [f["ms_per_iter_median"] for f in map(sweep.facts, dirs) if f and f.get("ms_per_iter_median")]
         rows[v] = (m, sd, n, meas)
         base = rows.get("paper-K2", (math.inf,))[0]
         ce = "-" if n == 0 else f"{m:.3f} ± {sd:.3f} (n={n})"
         diff = f"{m - base:+.3f}" if n and math.isfinite(base) and v != "paper-K2" else "-"
-        se = sweep.difference({k: r[:3] for k, r in rows.items()}, v, "paper-K2") if v != "paper-K2" else None
-        if se:   # with its standard error, and "(noise)" where it is under 2 se
-            diff += f" ± {se[1]:.3f}" + (" (noise)" if abs(se[0]) < 2 * se[1] else "")
+        d = stats.paired(by_seed[v], by_seed.get("paper-K2", {})) if v != "paper-K2" else None
+        if d:   # one seed (full-ckpt): the difference alone
+            diff = str(d)
         fl = next((f["train_flops_per_token"] for f in map(sweep.facts, dirs) if f and "train_flops_per_token" in f), None)
         print(f"| {v} | {VARIANTS[v][1]} | {ce} | {diff} | {f'{fl / 1e6:.1f}' if fl else '-'} | " +
               (f"{meas['iter_mb']:.1f} | " if meas else "- | ") + (f"{statistics.median(ms):.0f} | " if ms else "- | ") +

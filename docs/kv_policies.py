@@ -2,10 +2,13 @@
 KV cache policies measured (docs/MODEL.md section 5): what sharing cache slots across a recurrence's steps
 costs in quality, against what it saves in memory, on the character testbed's trained models. For HRM post-
 and pre-norm, UniTF post-norm and UniTF with full backprop, at their chosen learning rates after 400
-iterations (docs/sweep.py) and 4000 (docs/long_run.py), 3 seeds each, it reads every policy of the model
+iterations (docs/sweep.py) and 4000 (docs/long_run.py), and UniTF pre-norm after 400, 3 seeds each, it reads every policy of the model
 (HRM: full, last, fired; UniTF: full, last) with analyze.py's kv_table on 64 validation sequences of 128
 characters: token-by-token decoding's val CE, greedy agreement with exact decoding over 200 tokens, KV bytes
-per token, cached tok/s (one thread).
+per token, cached tok/s (one thread). Where a policy loses quality (UniTF under `last`) it tries Huginn's remedy:
+UniTF post-norm trained anew through that cache (train.py --train_kv=last, token by token; 400 iterations, the
+same lr and seeds, and at 3x and 10x the lr on one seed), its decoding under `last` paired with the standard runs'
+exact decoding; and UniTF pre-norm likewise (read at 400 iterations only), as post-norm's remedy stalls.
 
     python docs/sweep.py && python docs/long_run.py   # first: the runs this reads
     python docs/kv_policies.py            # rerun the runs whose readings are missing, read them, the table
@@ -26,18 +29,39 @@ import long_run  # noqa: E402  (its chosen learning rates and its run commands)
 import stats  # noqa: E402
 import sweep  # noqa: E402  (the runner, the 400-iteration learning rates and the committed logs)
 
-VARIANTS = ["hrm-post", "hrm-pre", "unitf-post", "unitf_full-post"]
+REMEDIES = ["unitf-post train_kv=last", "unitf-pre train_kv=last"]   # Huginn's remedy for UniTF under `last`
+VARIANTS = ["hrm-post", "hrm-pre", "unitf-post", "unitf-pre", "unitf_full-post", *REMEDIES]
+LONG = ["hrm-post", "hrm-pre", "unitf-post", "unitf_full-post"]   # also read after the long runs' 4000 iterations
 POLICIES = {"hrm": ["full", "last", "fired"], "unitf": ["full", "last"]}
 LENGTHS = [400, long_run.ITERS]
 
 
-def runs(v, iters):
-    """(out_dir, command) of the variant's finished runs at its chosen lr for that length, one per seed."""
-    lr = sweep.best_lr("char", v) if iters == 400 else long_run.chosen(v)
+def jobs_of(v, iters):
+    """(out_dir, command) of the variant's runs at its chosen lr for that length, one per seed. The remedy runs
+    (400 iterations only) are UniTF post-norm's at its chosen lr, trained with train.py's --train_kv=last."""
+    base = v.split()[0]
+    if iters != 400 and v not in LONG:
+        return []
+    lr = sweep.best_lr("char", base) if iters == 400 else long_run.chosen(base)
     if lr is None:
         return []
-    jobs = [sweep.command("char", v, lr, s) if iters == 400 else long_run.job(v, lr, s) for s in sweep.SEEDS]
-    return [(d, cmd) for d, cmd in jobs if sweep.finished(d)]
+    if v in REMEDIES:
+        return [sweep.command("char", base, lr, s, ["--train_kv=last"], out="out-trainkv") for s in sweep.SEEDS]
+    return [sweep.command("char", v, lr, s) if iters == 400 else long_run.job(v, lr, s) for s in sweep.SEEDS]
+
+
+PROBES = (3, 10)   # the remedy at these multiples of the lr too (seed 1337): is a stall the lr's?
+
+
+def probe_jobs(v):
+    lr = sweep.best_lr("char", v.split()[0]) if v in REMEDIES else None
+    return [] if lr is None else [sweep.command("char", v.split()[0], float(f"{lr * f:.3g}"), sweep.SEEDS[0],
+                                                ["--train_kv=last"], out="out-trainkv") for f in PROBES]
+
+
+def runs(v, iters):
+    """The variant's finished runs (their logs committed) for that length."""
+    return [(d, cmd) for d, cmd in jobs_of(v, iters) if sweep.finished(d)]
 
 
 def kv_path(out_dir):
@@ -71,7 +95,9 @@ def read(out_dir):
 
 def missing():
     """Every run whose reading is missing: the 400-iteration ones first (minutes each, not hours)."""
-    return [(d, cmd) for n in LENGTHS for v in VARIANTS for d, cmd in runs(v, n) if reading(d) is None]
+    probes = [(d, cmd) for v in REMEDIES for d, cmd in probe_jobs(v) if sweep.finished(d)]
+    return [(d, cmd) for n in LENGTHS for v in VARIANTS for d, cmd in runs(v, n) + (probes if n == 400 and
+            v == VARIANTS[-1] else []) if reading(d) is None]
 
 
 def table():
@@ -99,7 +125,26 @@ def table():
                              f"{next(iter(by.values()))[kv]['kv_bytes_per_token']} | {tok_s:.0f} |")
     if len(lines) == 3:
         lines.append("| (no readings yet: run python docs/kv_policies.py) | | | | | | | | |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + remedy_line()
+
+
+def remedy_line():
+    """Does training through the shared cache recover the exact model's quality at equal tokens? Each remedy's
+    decoding CE under `last` against the same seeds' standard runs decoded exactly, paired by seed."""
+    lines = []
+    for remedy in REMEDIES:
+        base = remedy.split()[0]
+        ce = [{sweep.seed_of(d): next(r["ce"] for r in reading(d)["rows"] if r["kv"] == kv)
+               for d, _ in runs(v, 400) if reading(d)} for v, kv in ((remedy, "last"), (base, "full"))]
+        d = stats.paired(*ce)
+        if d is not None:
+            lines.append(f"- {remedy} decoded under `last`, against {base} decoded exactly (same seeds, paired): "
+                         f"{d.diff:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}], p = {stats.p_text(d.p)} ({d.n} seeds)")
+        for f, (out_dir, _) in zip(PROBES, probe_jobs(remedy)):
+            if reading(out_dir):
+                last = next(r["ce"] for r in reading(out_dir)["rows"] if r["kv"] == "last")
+                lines.append(f"  - at {f}x its lr (seed {sweep.SEEDS[0]}): decoding CE under `last` {last:.4f}")
+    return "".join("\n" + line for line in lines) + ("\n" if lines else "")
 
 
 def main():
@@ -107,11 +152,17 @@ def main():
     args = ap.parse_args()
     os.chdir(sweep.ROOT)
     if args.dry_run:
+        for d, cmd in (j for v in REMEDIES for j in jobs_of(v, 400) + probe_jobs(v)):
+            if not sweep.finished(d):
+                print(f"# train, then read it: OMP_NUM_THREADS=1 python {' '.join(cmd[1:])}")
         for d, cmd in missing():
             print(f"# rerun for its checkpoint, then read it: OMP_NUM_THREADS=1 python {' '.join(cmd[1:])}")
         return
     if not args.tables:
         sweep.require_data("kv_policies.py", [("shakespeare_char", "--dataset=shakespeare_char")])
+        train = [j for v in REMEDIES for j in jobs_of(v, 400) + probe_jobs(v) if not sweep.finished(j[0])]
+        if train:
+            sweep.run_all(train, args.workers)
         jobs = missing()
         print(f"{len(jobs)} runs to rerun and read", flush=True)
         for i in range(0, len(jobs), args.workers):   # read each group as it finishes, not all at the end

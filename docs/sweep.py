@@ -219,6 +219,8 @@ def run_all(jobs, workers, rerun=False):
     runs (they get SIGTERM, and save), so no run is left going with nobody to store it."""
     todo = [(d, c) for d, c in jobs if rerun or not finished(d)]
     if rerun:
+        kept = [d for d, c in todo if kept_rerun(d, c)]   # an earlier rerun's checkpoint, still here: no third run
+        todo = [(d, c) for d, c in todo if d not in kept]
         print(f"rerunning {len(todo)} finished runs for their checkpoints", flush=True)
     else:
         print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already finished; {len(todo)} to go", flush=True)
@@ -288,7 +290,7 @@ def run_all(jobs, workers, rerun=False):
         from common import SIGNALLED, fail
         fail(f"interrupted by {signal.Signals(stop[0]).name}; run the same command to resume", SIGNALLED + stop[0],
              prog=os.path.basename(sys.argv[0]))
-    return reproduced
+    return kept + reproduced
 
 
 def stop_with_parent():
@@ -341,6 +343,20 @@ def claim_run(out_dir):
         f.close()
         return None
     return f
+
+
+def kept_rerun(out_dir, cmd):
+    """True where out_dir already holds what a rerun would make: a checkpoint of the last iteration (say, from a
+    rerun whose reading a stop cut off) and a log that reproduces the committed one."""
+    path = os.path.join(out_dir, "ckpt_last.pt")
+    if not os.path.exists(path) or train_running(out_dir):
+        return False
+    from checkpoint import read_info
+    try:
+        done = read_info(path)["iter_num"] == max_iters_of(cmd)
+    except Exception:   # unreadable (cut off mid-write): rerun it
+        return False
+    return done and check_rerun(out_dir)
 
 
 def check_rerun(out_dir):
@@ -580,29 +596,43 @@ COMPARISONS = [
 ]
 
 
+def seed_values(testbed, v):
+    """{seed: final val} of a variant's finished runs at its best lr."""
+    lr = best_lr(testbed, v)
+    dirs = {} if lr is None else {s: run_dir(testbed, v, lr, s) for s in SEEDS}
+    return {s: final_val(d) for s, d in dirs.items() if finished(d)}
+
+
 def differences_table(summary):
+    import stats
     print("### Character testbed: differences of the best-lr seed means (row minus column; negative = row better)\n")
-    print("Standard error from the two 3-seed spreads, sqrt(sd_a^2/3 + sd_b^2/3); \"within noise\" where "
-          "|difference| < 2 se.\n")
-    print("| row | column | what differs | Δ CE ± se | verdict | FLOPs/token, row / column |")
-    print("|---|---|---|---|---|---|")
+    print("Every variant ran seeds 1337, 42 and 2024, so each difference is paired by seed (95% interval and p of "
+          "the paired t); Welch's, which ignores the pairing, beside it. The verdict follows the paired interval: a "
+          "sign where it excludes 0, else \"the data cannot tell\".\n")
+    print("| row | column | what differs | Δ CE | Welch: 95% interval, p | paired: 95% interval, p | verdict | "
+          "FLOPs/token, row / column |")
+    print("|---|---|---|---|---|---|---|---|")
     for a, b, what in COMPARISONS:
-        d = difference(summary, a, b)
+        va, vb = seed_values("char", a), seed_values("char", b)
+        w, pr = stats.welch(list(va.values()), list(vb.values())), stats.paired(va, vb)
         fa, fb = size_of("char", a)[1], size_of("char", b)[1]
         ratio = f"{fa / fb:.2f}x" if fa and fb else "-"
-        if d is None:
-            print(f"| {a} | {b} | {what} | - | - | {ratio} |")
-        else:
-            verdict = "within noise" if abs(d[0]) < 2 * d[1] else ("row better" if d[0] < 0 else "row worse")
-            print(f"| {a} | {b} | {what} | {d[0]:+.3f} ± {d[1]:.3f} | {verdict} | {ratio} |")
+        if pr is None and w is None:
+            print(f"| {a} | {b} | {what} | - | - | - | - | {ratio} |")
+            continue
+        cells = [f"[{d.lo:+.3f}, {d.hi:+.3f}], p = {stats.p_text(d.p)}" if d else "-" for d in (w, pr)]
+        d = pr or w
+        verdict = "row better" if d.hi < 0 else "row worse" if d.lo > 0 else "the data cannot tell"
+        print(f"| {a} | {b} | {what} | {(pr or w).diff:+.3f} | {cells[0]} | {cells[1]} | {verdict} | {ratio} |")
     print()
     chain = ["hrm-post", "hrm_fast_only-post", "unitf_d128-post", "transformer-post"]
-    ds = [difference(summary, a, b) for a, b in zip(chain, chain[1:])]
+    ds = [stats.paired(seed_values("char", a), seed_values("char", b)) for a, b in zip(chain, chain[1:])]
     if all(ds):
-        total = difference(summary, chain[0], chain[-1])
-        print(f"Decomposition, post-norm, d=128 throughout: HRM - Transformer = {total[0]:+.3f} = "
-              f"{ds[0][0]:+.3f} ± {ds[0][1]:.3f} (the Slow module) {ds[1][0]:+.3f} ± {ds[1][1]:.3f} (HRM's step vs a "
-              f"plain shared block) {ds[2][0]:+.3f} ± {ds[2][1]:.3f} (weight sharing)\n")
+        total = stats.paired(seed_values("char", chain[0]), seed_values("char", chain[-1]))
+        print(f"Decomposition, post-norm, d=128 throughout, paired by seed (95% intervals): HRM - Transformer = "
+              f"{total.diff:+.3f} = {ds[0].diff:+.3f} [{ds[0].lo:+.3f}, {ds[0].hi:+.3f}] (the Slow module) "
+              f"{ds[1].diff:+.3f} [{ds[1].lo:+.3f}, {ds[1].hi:+.3f}] (HRM's step vs a plain shared block) "
+              f"{ds[2].diff:+.3f} [{ds[2].lo:+.3f}, {ds[2].hi:+.3f}] (weight sharing)\n")
 
 
 def analysis_path(out_dir):

@@ -160,3 +160,21 @@ def test_bench_cache_policy():
     assert hrm["kv"] == "fired" and hrm["gen_tok_s_cached"] > 0
     assert hrm["kv_cache_mb"] == hrm["kv_cache_formula_mb"] == pytest.approx(2 * 6 * 192 * 64 * 4 / 2**20)
     assert worker("infer", {"model": "tf_l4", "preset": "tiny", "device": "cpu", "kv": "fired"})["kv"] == "full"
+
+
+def test_bench_profile_breaks_a_cached_token_down():
+    """--profile: a cached token against the floor, timed alternately, and torch.profiler's ops per token; the
+    matrix products are the model's: HRM NT=4 makes 5 per block application and 2 per gated update (7
+    applications: input block, 4 Fast steps, 2 Slow firings) plus the fusion's 2 and the tied head."""
+    from bench import show_profile, worker
+    r = worker("profile", {"model": "hrm_nt4", "preset": "tiny", "device": "cpu", "kv": "last"})
+    assert r["steps"] == 120 and r["step_ms"] > 0 and r["floor_ms"] > 0 and r["mm_floor_ms"] > 0
+    assert 0 < r["mm_ms"] < r["profiled_ms"]
+    assert r["mm_calls"] == 7 * 5 + 6 * 3 + 2 + 1
+    show_profile("hrm_nt4", r)   # prints without error
+
+
+def test_bench_profile_command(tmp_path):
+    rows, p = run_bench("tf_l2", tmp_path, "--profile")
+    assert [r["model"] for r in rows] == ["tf_l2"] and "of the bound" in p.stdout and "aten::mm" in p.stdout
+    assert "| tf_l2 |" not in p.stdout   # the profile, not the table

@@ -167,6 +167,65 @@ def test_shared_cache_is_exact_where_nothing_is_shared():
         assert torch.equal(a, m.generate(torch.zeros((1, 3), dtype=torch.long), 20, temperature=0, use_cache=False))
 
 
+@pytest.mark.parametrize("cfg", [tiny("hrm", N=2, T=2, K=1, S=2), tiny("unitf", M=3, K=2), tiny("transformer", n_layer=2)],
+                         ids=["hrm-S2", "unitf", "transformer"])
+def test_teacher_forced_full_is_the_forward_gradients_included(cfg):
+    """train_kv's token-by-token pass (engine.teacher_forced) under the exact policy is the full forward: the
+    same logits, and the same gradients of the CE, through the K window and across positions (each step's
+    keys from earlier tokens carry their gradient, as in the parallel forward)."""
+    m = make(cfg, scale=2.0)
+    idx = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(3))
+    y = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(4))
+    grads = []
+    for logits in (lambda: m(idx)[0], lambda: engine.teacher_forced(m, idx, "full")):
+        m.zero_grad(set_to_none=True)
+        out = logits()
+        m.cross_entropy(out, y).backward()
+        grads.append((out.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}))
+    (a, ga), (b, gb) = grads
+    assert (a - b).abs().max().item() < 1e-5
+    assert ga.keys() == gb.keys() and len(ga) > 5
+    for n in ga:
+        assert (ga[n] - gb[n]).abs().max().item() <= 1e-5 * (1 + ga[n].abs().max().item()), n
+
+
+def test_teacher_forced_last_is_decoding_under_last():
+    """Under `last`, the training pass sees what decoding with that cache sees: its logits are the prefill of
+    the first token then one-token steps against KVCache(kv="last"), and not the full forward's."""
+    m = make(tiny("unitf", M=3, K=1), scale=4.0)
+    idx = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(6))
+    tf = engine.teacher_forced(m, idx, "last")
+    assert tf.requires_grad
+    with torch.no_grad():
+        cache = engine.new_cache(m, 2, kv="last")
+        dec = torch.cat([m(idx[:, t:t + 1], cache=cache, pos=t)[0] for t in range(16)], 1)
+        full = m(idx)[0]
+    assert (tf.detach() - dec).abs().max().item() < 1e-5
+    assert (tf.detach() - full).abs().max().item() > 1e-3
+
+
+def test_under_last_the_first_step_hears_the_context_louder_than_its_token():
+    """Why training through `last` stalls post-norm UniTF at the unigram line (docs/RESULTS.md section 8): at
+    initialisation a token's first step attends to the past tokens' last-step values, which are normalised
+    states, so the attention output is several times the token's own embedding (N(0, 0.02)), which the
+    post-norm RMSNorm(x + a) then all but drowns. Under the exact cache the first step attends to embeddings
+    and its output is a small fraction of the token's."""
+    torch.manual_seed(1337)
+    from model import ModelConfig
+    m = build_model(ModelConfig(arch="unitf", vocab_size=65, block_size=64, n_embd=256, n_head=8, M=4, K=2)).eval()
+    x = torch.randint(0, 65, (4, 48), generator=torch.Generator().manual_seed(0))
+    ratio = {}
+    for kv in ("full", "last"):
+        outs = []
+        h = m.block.attn.register_forward_hook(lambda mod, inp, out: outs.append(out[:, -1]))
+        with torch.no_grad():
+            engine.teacher_forced(m, x, kv)
+        h.remove()
+        first = torch.stack(outs[0::4][8:])   # step 1 of tokens 8.., which have a context to hear
+        ratio[kv] = (first.pow(2).mean().sqrt() / m.wte(x).pow(2).mean().sqrt()).item()
+    assert ratio["full"] < 0.2 and ratio["last"] > 3, ratio
+
+
 # --- norm="pre" and the fast_only control: causality and the cache ---------------------------------
 
 PRE = [tiny("hrm", N=2, T=2, K=1, S=2, norm="pre"), tiny("transformer", n_layer=3, norm="pre"),

@@ -299,6 +299,28 @@ def test_a_rerun_is_checked_against_its_committed_log(monkeypatch, tmp_path, cap
     assert "WARNING" in out and "at iteration 200" in out, out
 
 
+def test_a_rerun_that_is_still_here_is_not_run_a_third_time(monkeypatch, tmp_path, capsys):
+    """A runner stopped while reading a rerun's checkpoint leaves it behind; the next one uses it (kept_rerun)
+    instead of training the run again, but only where it is the last iteration's and the log reproduces."""
+    import torch
+    monkeypatch.setattr(sweep, "log_dir", lambda d: str(tmp_path / "committed"))
+    out_dir = tmp_path / "rerun"
+    rows = "".join(json.dumps({"iter": i, "val_loss": 2.0 - i / 1000, "time_s": i}) + "\n" for i in (0, 400))
+    for folder in (tmp_path / "committed", out_dir):
+        folder.mkdir()
+        (folder / "log.jsonl").write_text(rows)
+    cmd = ["python", "train.py", "--max_iters=400"]
+    assert not sweep.kept_rerun(str(out_dir), cmd)                                 # no checkpoint
+    torch.save({"iter_num": 200}, out_dir / "ckpt_last.pt")
+    assert not sweep.kept_rerun(str(out_dir), cmd)                                 # cut off at 200
+    torch.save({"iter_num": 400}, out_dir / "ckpt_last.pt")
+    assert sweep.kept_rerun(str(out_dir), cmd)
+    assert sweep.run_all([(str(out_dir), cmd)], 1, rerun=True) == [str(out_dir)]   # read as is, nothing run
+    assert "rerunning 0 finished runs" in capsys.readouterr().out
+    (out_dir / "log.jsonl").write_text(rows.replace("1.6", "1.7"))                 # a log that differs
+    assert not sweep.kept_rerun(str(out_dir), cmd)
+
+
 def test_training_time_adds_up_across_a_resume():
     """train.py's time_s restarts at 0 on a resume; the long run's total counts both stretches."""
     import long_run   # docs/ is on the path (above)

@@ -75,6 +75,9 @@ def test_configurator_cases(tmp_path):
     (["--seed=-1"], "seed must be >= 0"),
     (["--out_dir="], "out_dir is empty"),
     (["--arch=transformer", "--random_depth=True"], "random_depth=True varies the recurrence of hrm/unitf"),
+    (["--train_kv=last"], "train_kv='last': only 'full' (the default) or, for arch='unitf'"),
+    (["--arch=unitf", "--train_kv=fired"], "got arch='unitf'"),
+    (["--arch=unitf", "--train_kv=last", "--compile=True"], "compile=True"),
 ])
 def test_train_config_errors_stop_before_work(args, msg, data_dir, tmp_path):
     if args[0].startswith("--dataset"):
@@ -84,6 +87,20 @@ def test_train_config_errors_stop_before_work(args, msg, data_dir, tmp_path):
     line = one_error_line(p)   # one line, no traceback
     assert msg in line, line
     assert "step 0" not in p.stdout
+
+
+def test_train_kv_trains_and_evaluates_through_the_cache(data_dir, tmp_path):
+    """train_kv=last (Huginn's remedy, engine.teacher_forced): the same init and batches as the default run, but
+    every loss, the evaluation's included, is the model's as it decodes under `last`, so the numbers differ from
+    iteration 0 on; and the run still learns."""
+    logs = {}
+    for kv in ("full", "last"):
+        out = str(tmp_path / kv)
+        run_train(["--arch=unitf", "--M=3", "--K=1", f"--train_kv={kv}", "--max_iters=6", "--eval_interval=6",
+                   "--learning_rate=1e-2", "--min_lr=1e-3"], data_dir, out)
+        logs[kv] = raw_log(out)
+    assert logs["full"][0]["val_loss"] != logs["last"][0]["val_loss"]
+    assert logs["last"][-1]["val_loss"] < logs["last"][0]["val_loss"]
 
 
 # --- train.py end to end ------------------------------------------------------------------------
