@@ -95,9 +95,10 @@ def read(out_dir):
 
 def missing():
     """Every run whose reading is missing: the 400-iteration ones first (minutes each, not hours)."""
-    probes = [(d, cmd) for v in REMEDIES for d, cmd in probe_jobs(v) if sweep.finished(d)]
-    return [(d, cmd) for n in LENGTHS for v in VARIANTS for d, cmd in runs(v, n) + (probes if n == 400 and
-            v == VARIANTS[-1] else []) if reading(d) is None]
+    jobs = [j for v in VARIANTS for j in runs(v, 400)]
+    jobs += [j for v in REMEDIES for j in probe_jobs(v) if sweep.finished(j[0])]
+    jobs += [j for n in LENGTHS[1:] for v in VARIANTS for j in runs(v, n)]
+    return [(d, cmd) for d, cmd in jobs if reading(d) is None]
 
 
 def table():

@@ -23,6 +23,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stats  # noqa: E402
 import sweep  # noqa: E402  (its runner, its learning-rate grid and its committed logs)
 
 OUT = "out-long"
@@ -82,6 +83,13 @@ def curve(v):
             if r.get("val_loss") is not None:
                 out.setdefault(r["iter"], []).append(r["val_loss"])
     return out
+
+
+def paired_gap(a, b, it):
+    """stats.paired of a minus b at iteration it (the runs share seeds), or None."""
+    at = [{sweep.seed_of(d): r["val_loss"] for d in chosen_runs(v) for r in sweep.run_log(d)
+           if r["iter"] == it and r.get("val_loss") is not None} for v in (a, b)]
+    return stats.paired(*at)
 
 
 def gap(a, b, it):
@@ -213,14 +221,15 @@ def tables(plots=True):
     done = [d for d, _ in phase_a() + phase_b() if sweep.finished(d)]
     hours = sum(train_seconds(sweep.run_log(d)) for d in done) / 3600
     print(f"{len(done)} runs committed, {hours:.1f} hours of training in all (one core each; their logs' time_s)\n")
-    print("### Long run: differences along the curves (row minus column, 3-seed means ± se; negative = row better)\n")
+    print("### Long run: differences along the curves (row minus column, paired by seed: mean, 95% interval, p; "
+          "negative = row better)\n")
     print("| row | column | " + " | ".join(f"iter {it} ({it * MCHARS:.2f}M chars)" for it in AT) + " |")
     print("|---|---|" + "---|" * len(AT))
     for a, b in GAPS:
         cells = []
         for it in AT:
-            d = gap(a, b, it)
-            cells.append("-" if d is None else f"{d[0]:+.3f} ± {d[1]:.3f}" + (" (noise)" if abs(d[0]) < 2 * d[1] else ""))
+            d = paired_gap(a, b, it)
+            cells.append("-" if d is None else f"{d.diff:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}], p = {stats.p_text(d.p)}")
         print(f"| {a} | {b} | " + " | ".join(cells) + " |")
     print()
     reach_table()

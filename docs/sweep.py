@@ -217,7 +217,7 @@ def run_all(jobs, workers, rerun=False):
     starts, the running ones get the signal, save and stop, and the runner exits 128 + n; the same command
     resumes them. A second signal quits them without saving. A runner killed outright (SIGKILL) still stops its
     runs (they get SIGTERM, and save), so no run is left going with nobody to store it."""
-    todo = [(d, c) for d, c in jobs if rerun or not finished(d)]
+    todo, kept = [(d, c) for d, c in jobs if rerun or not finished(d)], []
     if rerun:
         kept = [d for d, c in todo if kept_rerun(d, c)]   # an earlier rerun's checkpoint, still here: no third run
         todo = [(d, c) for d, c in todo if d not in kept]

@@ -135,3 +135,25 @@ def test_kv_policy_table_pairs_each_policy_with_full_by_seed(monkeypatch):
     # paired: +0.025 with sd 0.005 over 3 seeds, t = 8.66 on 2 df; Welch on the raw CEs could not tell
     assert last.startswith("| hrm-post | 400 | last | 3 | 1.5750 ± 0.0550 | +0.0250 [+0.0126, +0.0374], p = 0.013 | "
                            "0.500 |"), last
+
+
+def test_kv_remedy_line_pairs_the_remedy_with_the_standard_runs_exact_decoding(monkeypatch):
+    """The remedy line: each train_kv=last run's CE decoded under `last` against the standard run of the same
+    seed decoded exactly (two models, paired by seed), and the lr probes' readings below it."""
+    import kv_policies
+    std = {"1337": 1.95, "42": 1.97, "2024": 1.96}
+    remedy = {"1337": 3.43, "42": 3.42, "2024": 3.44}
+    monkeypatch.setattr(kv_policies.sweep, "finished", lambda d: True)
+
+    def made_up(out_dir):
+        if "unitf-post" not in out_dir or ("out-trainkv" not in out_dir and "out-sweep" not in out_dir):
+            return None
+        s = sweep.seed_of(out_dir)
+        ce = (remedy if "out-trainkv" in out_dir else std)[s]
+        return {"iter": 400, "rows": [{"kv": "full", "ce": ce - 1.0}, {"kv": "last", "ce": ce}]}
+    monkeypatch.setattr(kv_policies, "reading", made_up)
+    line = kv_policies.remedy_line()
+    # last-decoded remedy minus full-decoded standard: 3.43 - 0.95 ... per seed 2.48, 2.45, 2.48
+    assert "- unitf-post train_kv=last decoded under `last`, against unitf-post decoded exactly" in line, line
+    assert "+2.4700 [" in line and "(3 seeds)" in line, line
+    assert line.count("at 3x its lr") == 1 and "decoding CE under `last` 3.4300" in line, line
