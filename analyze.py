@@ -80,8 +80,8 @@ def decode_ce(model, batches, device, kv):
     against the cache (engine.py), as a sampler would compute them. Under kv="full" it equals val_ce."""
     losses = []
     for x, y in batches:
-        x, cache = x.to(device), engine.new_cache(model, x.size(0), max_len=x.size(1), kv=kv)
-        logits = torch.cat([model(x[:, t:t + 1], cache=cache, pos=t)[0] for t in range(x.size(1))], dim=1)
+        x = x.to(device)
+        logits = engine.token_by_token(model, x, engine.new_cache(model, x.size(0), max_len=x.size(1), kv=kv))
         losses.append(model.cross_entropy(logits, y.to(device)).item())
     return float(np.mean(losses))
 

@@ -130,22 +130,37 @@ def decode_weights(model, prompt):
     return ws + [model.wte.weight]
 
 
+def policy_of(model, kv):
+    """kv where the model has that cache policy, else the exact one (a Transformer; fired for UniTF)."""
+    try:
+        engine.cache_slots(model, kv)
+    except ValueError:
+        return "full"
+    return kv
+
+
+def floor_products(model, prompt, device, dtype, g):
+    """The floor under cached decoding: the weights one token multiplies by (decode_weights), and a function that
+    runs exactly those matrix-vector products, nothing else."""
+    ws = decode_weights(model, prompt)
+    xs = {n: torch.randn(1, n, generator=g).to(device=device, dtype=dtype) for n in {w.size(1) for w in ws}}
+
+    @torch.no_grad()
+    def products():
+        return [F.linear(xs[w.size(1)], w) for w in ws]
+    return ws, products
+
+
 def measure_inference(model, cfg, p, device, dtype, g, compile_forward, kv="full"):
     """Latency, generation (recompute and cached, under cache policy kv where the model has it, else the exact
     one), the matvec floor under cached decoding, the KV cache."""
-    try:
-        engine.cache_slots(model, kv)
-    except ValueError:   # a policy this model does not have (a Transformer; fired for UniTF): the exact cache
-        kv = "full"
+    kv = policy_of(model, kv)
     out = {"kv": kv}
     model = model.to(dtype).eval()  # bf16 weights for inference, as the paper's memory figures imply
     x = torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g).to(device)
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
-    # the floor under cached decoding: one token's weight matrix-vector products, nothing else
-    ws = decode_weights(model, prompt)
-    xs = {n: torch.randn(1, n, generator=g).to(device=device, dtype=dtype) for n in {w.size(1) for w in ws}}
-    with torch.no_grad():
-        floor = timed(lambda: [F.linear(xs[w.size(1)], w) for w in ws], device, 20)
+    ws, products = floor_products(model, prompt, device, dtype, g)
+    floor = timed(products, device, 20)
     if compile_forward:  # every forward below compiled, recompute and cached alike; warm-ups compile
         model.forward = torch.compile(model.forward, dynamic=True)
     with torch.no_grad():
@@ -174,14 +189,10 @@ def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full"
     torch.profiler: per token, the ops' CPU time and count, and the share in matrix products."""
     import statistics
     from torch.profiler import profile
-    try:
-        engine.cache_slots(model, kv)
-    except ValueError:   # a policy this model does not have: the exact cache, as in the table
-        kv = "full"
+    kv = policy_of(model, kv)   # as in the table
     model = model.to(dtype).eval()
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
-    ws = decode_weights(model, prompt)
-    xs = {n: torch.randn(1, n, generator=g).to(device=device, dtype=dtype) for n in {w.size(1) for w in ws}}
+    _, products = floor_products(model, prompt, device, dtype, g)
     if compile_forward:
         model.forward = torch.compile(model.forward, dynamic=True)
     cache = engine.new_cache(model, 1, max_len=PROMPT + GEN, dtype=dtype, kv=kv)
@@ -189,7 +200,7 @@ def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full"
     with torch.no_grad():
         model(prompt, cache=cache, pos=0, last_only=True)   # the prefill
         for pos in range(PROMPT, PROMPT + GEN):             # the first 8 steps warm up (and compile)
-            floor = timed(lambda: [F.linear(xs[w.size(1)], w) for w in ws], device, 1)
+            floor = timed(products, device, 1)
             step = timed(lambda: model(tok, cache=cache, pos=pos, last_only=True), device, 1, warmup=lambda: None)
             if pos >= PROMPT + 8:
                 floors.append(floor)
@@ -198,14 +209,13 @@ def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full"
             for pos in range(PROMPT + 8, PROMPT + 8 + n_prof):   # positions written before: rewritten alike
                 model(tok, cache=cache, pos=pos, last_only=True)
     ev = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in ev) / n_prof / 1e3
-    mm = sum(e.self_cpu_time_total for e in ev if e.key in ("aten::mm", "aten::addmm")) / n_prof / 1e3
+    mms = [e for e in ev if e.key in ("aten::mm", "aten::addmm")]
     top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:8]
     return {"step_ms": statistics.median(steps) * 1e3, "floor_ms": statistics.median(floors) * 1e3,
-            "steps": len(steps), "profiled_ms": total, "mm_ms": mm,
-            "mm_calls": sum(e.count for e in ev if e.key in ("aten::mm", "aten::addmm")) / n_prof,
-            "ops": sum(e.count for e in ev) / n_prof, "mm_floor_ms": timed(
-                lambda: [F.linear(xs[w.size(1)], w) for w in ws], device, 20) * 1e3,
+            "steps": len(steps), "profiled_ms": sum(e.self_cpu_time_total for e in ev) / n_prof / 1e3,
+            "mm_ms": sum(e.self_cpu_time_total for e in mms) / n_prof / 1e3,
+            "mm_calls": sum(e.count for e in mms) / n_prof,
+            "ops": sum(e.count for e in ev) / n_prof, "mm_floor_ms": timed(products, device, 20) * 1e3,
             "top": [(e.key, e.self_cpu_time_total / n_prof / 1e3, e.count / n_prof) for e in top]}
 
 

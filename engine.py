@@ -95,12 +95,17 @@ class GrowingCache:
         return k, v
 
 
+def token_by_token(model, idx, cache):
+    """Logits (B, n, vocab) of idx (B, n) fed one token at a time against an empty cache, positions 0..n-1: what
+    a sampler computes for each position."""
+    return torch.cat([model(idx[:, t:t + 1], cache=cache, pos=t)[0] for t in range(idx.size(1))], dim=1)
+
+
 def teacher_forced(model, idx, kv):
     """Logits (B, n, vocab) of idx (B, n) decoded token by token under cache policy kv, with gradients: training
     with the attention pattern the model will decode with (train.py's train_kv; Huginn's remedy for a shared
     cache). Under kv="full" it equals model(idx), gradients included, at n times the Python overhead."""
-    cache = GrowingCache(cache_slots(model, kv))
-    return torch.cat([model(idx[:, t:t + 1], cache=cache, pos=t)[0] for t in range(idx.size(1))], dim=1)
+    return token_by_token(model, idx, GrowingCache(cache_slots(model, kv)))
 
 
 def kv_cache_bytes(model, seq_len, batch_size=1, dtype=torch.float32, kv="full"):

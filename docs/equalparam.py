@@ -119,14 +119,10 @@ def phase_a():
     return list(dict(jobs).items())
 
 
-def seed_values(out_dirs):
-    return {s: sweep.final_val(d) for s, d in zip(SEEDS, out_dirs) if sweep.finished(d)}
-
-
 def runner_up(arm):
     """The second-best k at seed 1337 where it is within one seed sd of the best (after the best's seeds)."""
     k = best_k(arm)
-    vals = seed_values([job(arm, k, s)[0] for s in SEEDS])
+    vals = sweep.by_seed([job(arm, k, s)[0] for s in SEEDS])
     if len(vals) < len(SEEDS):
         return None
     sd = sweep.mean_sd(list(vals.values()))[1]
@@ -151,7 +147,7 @@ def chosen_k(arm):
     if not bracketed(arm) or best_k(arm) is None:
         return None
     k = best_k(arm)
-    full = {j: seed_values([job(arm, j, s)[0] for s in SEEDS]) for j in {k, runner_up(arm)} - {None}}
+    full = {j: sweep.by_seed([job(arm, j, s)[0] for s in SEEDS]) for j in {k, runner_up(arm)} - {None}}
     if len(full.get(k, {})) < len(SEEDS) or any(len(v) < len(SEEDS) for v in full.values()):
         return None
     return min(full, key=lambda j: sum(full[j].values()))
@@ -172,9 +168,9 @@ def rows():
     for a in ARMS:
         k = chosen_k(a)
         if k is not None:
-            out[a] = seed_values([job(a, k, s)[0] for s in SEEDS])
+            out[a] = sweep.by_seed([job(a, k, s)[0] for s in SEEDS])
     if chosen_k(CONTROL[1]) is not None:
-        out[CONTROL[0]] = seed_values([control_job(s)[0] for s in SEEDS])
+        out[CONTROL[0]] = sweep.by_seed([control_job(s)[0] for s in SEEDS])
     return out
 
 

@@ -110,7 +110,7 @@ def table():
              "|---|---|---|---|---|---|---|---|---|"]
     for v in VARIANTS:
         for n in LENGTHS:
-            read_runs = {sweep.seed_of(d): reading(d) for d, _ in runs(v, n) if reading(d)}
+            read_runs = {sweep.seed_of(d): r for d, _ in runs(v, n) if (r := reading(d))}
             if not read_runs:
                 continue
             by = {s: {r["kv"]: r for r in k["rows"]} for s, k in read_runs.items()}
@@ -135,15 +135,15 @@ def remedy_line():
     lines = []
     for remedy in REMEDIES:
         base = remedy.split()[0]
-        ce = [{sweep.seed_of(d): next(r["ce"] for r in reading(d)["rows"] if r["kv"] == kv)
-               for d, _ in runs(v, 400) if reading(d)} for v, kv in ((remedy, "last"), (base, "full"))]
+        ce = [{sweep.seed_of(d): next(r["ce"] for r in k["rows"] if r["kv"] == kv)
+               for d, _ in runs(v, 400) if (k := reading(d))} for v, kv in ((remedy, "last"), (base, "full"))]
         d = stats.paired(*ce)
         if d is not None:
             lines.append(f"- {remedy} decoded under `last`, against {base} decoded exactly (same seeds, paired): "
                          f"{d.diff:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}], p = {stats.p_text(d.p)} ({d.n} seeds)")
         for f, (out_dir, _) in zip(PROBES, probe_jobs(remedy)):
-            if reading(out_dir):
-                last = next(r["ce"] for r in reading(out_dir)["rows"] if r["kv"] == "last")
+            if k := reading(out_dir):
+                last = next(r["ce"] for r in k["rows"] if r["kv"] == "last")
                 lines.append(f"  - at {f}x its lr (seed {sweep.SEEDS[0]}): decoding CE under `last` {last:.4f}")
     return "".join("\n" + line for line in lines) + ("\n" if lines else "")
 

@@ -229,7 +229,7 @@ def tables(plots=True):
         cells = []
         for it in AT:
             d = paired_gap(a, b, it)
-            cells.append("-" if d is None else f"{d.diff:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}], p = {stats.p_text(d.p)}")
+            cells.append("-" if d is None else str(d))
         print(f"| {a} | {b} | " + " | ".join(cells) + " |")
     print()
     reach_table()

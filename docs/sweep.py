@@ -546,22 +546,19 @@ def lr_table(testbed, title):
 
 
 def seeds_table(testbed, title, uni):
-    """Each variant at its best lr over the 3 seeds; returns {variant: (mean, sd, n)}."""
+    """Each variant at its best lr over the 3 seeds."""
     print(f"### {title}\n")
     print("| variant | MFLOPs/token | lr | " + " | ".join(f"seed {s}" for s in SEEDS) + " | mean ± sd | below unigram |")
     print("|---|---|---|" + "---|" * (len(SEEDS) + 2))
-    summary = {}
     for v in variants(testbed):
         lr = best_lr(testbed, v)
         if lr is None:
             continue
         dirs = [run_dir(testbed, v, lr, s) for s in SEEDS]
-        summary[v] = mean_sd([final_val(d) for d in dirs if finished(d)])
-        m, sd, n = summary[v]
+        m, sd, n = mean_sd([final_val(d) for d in dirs if finished(d)])
         print(f"| {v} | {size_cells(testbed, v).split(' | ')[1]} | {lr_name(lr)} | " + " | ".join(cell(d) for d in dirs) +
               f" | {m:.3f} ± {sd:.3f} (n={n}) | {uni - m:.3f} |")
     print()
-    return summary
 
 
 def difference(summary, a, b):
@@ -596,14 +593,18 @@ COMPARISONS = [
 ]
 
 
+def by_seed(out_dirs):
+    """{seed: final val} of the finished runs among out_dirs, one per seed of SEEDS in order."""
+    return {s: final_val(d) for s, d in zip(SEEDS, out_dirs) if finished(d)}
+
+
 def seed_values(testbed, v):
     """{seed: final val} of a variant's finished runs at its best lr."""
     lr = best_lr(testbed, v)
-    dirs = {} if lr is None else {s: run_dir(testbed, v, lr, s) for s in SEEDS}
-    return {s: final_val(d) for s, d in dirs.items() if finished(d)}
+    return {} if lr is None else by_seed([run_dir(testbed, v, lr, s) for s in SEEDS])
 
 
-def differences_table(summary):
+def differences_table():
     import stats
     print("### Character testbed: differences of the best-lr seed means (row minus column; negative = row better)\n")
     print("Every variant ran seeds 1337, 42 and 2024, so each difference is paired by seed (95% interval and p of "
@@ -623,7 +624,7 @@ def differences_table(summary):
         cells = [f"[{d.lo:+.3f}, {d.hi:+.3f}], p = {stats.p_text(d.p)}" if d else "-" for d in (w, pr)]
         d = pr or w
         verdict = "row better" if d.hi < 0 else "row worse" if d.lo > 0 else "the data cannot tell"
-        print(f"| {a} | {b} | {what} | {(pr or w).diff:+.3f} | {cells[0]} | {cells[1]} | {verdict} | {ratio} |")
+        print(f"| {a} | {b} | {what} | {d.diff:+.3f} | {cells[0]} | {cells[1]} | {verdict} | {ratio} |")
     print()
     chain = ["hrm-post", "hrm_fast_only-post", "unitf_d128-post", "transformer-post"]
     ds = [stats.paired(seed_values("char", a), seed_values("char", b)) for a, b in zip(chain, chain[1:])]
@@ -770,8 +771,8 @@ def tables(plots=True):
     print(f"Unigram reference (token frequencies from train.bin, add-one smoothed, scored on val.bin): "
           f"character testbed {uni['char']:.3f}, BPE testbed {uni['bpe']:.3f} nats/token\n")
     lr_table("char", "Character testbed: validation CE after 400 iterations, by learning rate (seed 1337)")
-    summary = seeds_table("char", "Character testbed: each variant at its best learning rate, 3 seeds", uni["char"])
-    differences_table(summary)
+    seeds_table("char", "Character testbed: each variant at its best learning rate, 3 seeds", uni["char"])
+    differences_table()
     lr_table("bpe", "BPE testbed (GPT-2 BPE, d=128, 400 iterations): validation CE by learning rate (seed 1337)")
     seeds_table("bpe", "BPE testbed: each variant at its best learning rate, 3 seeds", uni["bpe"])
 
