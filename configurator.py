@@ -239,7 +239,7 @@ def train_setting_notes(c):
 # --- model.py's ModelConfig: its ranges (bookkeeping, not the paper). Every error names its field. ---------
 
 ARCHS = ("hrm", "transformer", "unitf")
-UNUSED = {"hrm": ("n_layer", "unitf_init_c"), "transformer": ("N", "T", "M", "K", "S", "ent_lambda", "unitf_init_c"),
+UNUSED = {"hrm": ("n_layer", "unitf_init_c", "out_proj"), "transformer": ("N", "T", "M", "K", "S", "ent_lambda", "unitf_init_c"),
           "unitf": ("n_layer", "N", "T", "S", "ent_lambda")}   # the fields each arch has no use for
 
 
@@ -267,6 +267,8 @@ def check_model_config(c):
         bad("M", f"must be an integer >= 1, got {c.M!r}")
     if c.norm not in ("post", "pre"):
         bad("norm", f"must be 'post' (the paper) or 'pre', got {c.norm!r}")
+    if not isinstance(c.out_proj, bool):
+        bad("out_proj", f"must be True or False, got {c.out_proj!r}")
     if c.fast_only and c.arch != "hrm":
         bad("fast_only", f"is an HRM control; arch={c.arch!r} has no Slow module to remove")
     if not is_int(c.K_slow, 0):

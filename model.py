@@ -55,6 +55,7 @@ class ModelConfig:
     K_slow: int = 0            # hrm: the last K_slow Slow firings of a pass also carry gradient ("hierarchical BPTT")
     grad_ckpt: bool = False    # hrm/unitf: steps with gradient are recomputed in backward (same gradients, flat memory)
     fast_attn_steps: Optional[int] = None  # hrm: how many Fast steps attend (None: all M; 0: position-wise, RNN-style)
+    out_proj: bool = False     # transformer/unitf: HRM's untied d x d matrix before the tied logits (a control)
 
     def __post_init__(self):
         check_model_config(self)   # configurator.py: the ranges, each error naming its field
@@ -192,6 +193,9 @@ class LanguageModel(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)  # derived, not in the state_dict
         self.register_buffer("rope_sin_rot", sin_rot, persistent=False)
         self.norm_f = None   # a final RMSNorm before the logits: the baselines' under norm="pre" only
+        # out_proj: the baselines given what HRM's fusion ends in (OutputFusion.proj), to test whether that matrix
+        # is what lets post-norm HRM escape the BPE testbed's unigram plateau (docs/RESULTS.md section 4)
+        self.out_proj = nn.Linear(config.n_embd, config.n_embd, bias=False) if config.out_proj else None
 
     @property
     def rope(self):
@@ -241,6 +245,8 @@ class LanguageModel(nn.Module):
             x = x[:, -1:]
         if self.norm_f is not None:   # norm="pre" only (docs/MODEL.md section 8)
             x = self.norm_f(x)
+        if self.out_proj is not None:
+            x = self.out_proj(x)
         logits = x @ self.wte.weight.T
         return logits, (self.cross_entropy(logits, targets) if targets is not None else None)
 

@@ -86,6 +86,7 @@ fast_only = False            # hrm: the Fast module alone, no Slow module (a con
 K_slow = 0                   # hrm: the last K_slow Slow firings also carry gradient (0 = the paper; "hierarchical BPTT")
 grad_ckpt = False            # hrm/unitf: recompute the steps with gradient in backward (same gradients, flat memory)
 fast_attn_steps = None       # hrm: Fast steps that attend (None = all M, the paper; 0 = position-wise, RNN-style)
+out_proj = False             # transformer/unitf: HRM's untied d x d matrix before the tied logits (a control)
 # optimiser: AdamW, betas (0.9, 0.95), weight decay on matrices only (docs/MODEL.md section 6)
 learning_rate = 1.5e-4       # peak learning rate (the paper's Ablation base)
 min_lr = 1.5e-5              # cosine floor (learning_rate / 10; a config that changes learning_rate sets it too)

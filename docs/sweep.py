@@ -17,9 +17,10 @@ Phases (each run is a plain train.py command, printed before it starts):
      learning rate is at the edge of what it tried, the next half-decade step that way is run too, until
      every best is bracketed.
   2. each variant's best learning rate with 2 more seeds (3 in all); the K ablation (K = 1, 4 of M = 4)
-     for post-norm HRM at its best.
+     for post-norm HRM at its best, 3 seeds.
   3. BPE testbed (config/shakespeare_*.py, 400 iterations): the six architecture x norm variants at their
-     best character-level learning rate and one grid step each side, grown until bracketed, then 3 seeds.
+     best character-level learning rate and one grid step each side, grown until bracketed, then 3 seeds;
+     and a control, the post-norm Transformer with HRM's untied matrix before the tied logits (out_proj).
 Tables only: the checkpoint readings (Slow-module ablation, z_H drift, fusion weights, depth at inference)
 are computed once from out-sweep/'s last checkpoints and committed beside the logs (analysis.json).
 Runs go two at a time, one thread each (2 cores); a run's output is in its out_dir/train.out, and when it
@@ -65,7 +66,11 @@ BPE = {
     "hrm-post": ("shakespeare_hrm", []), "hrm-pre": ("shakespeare_hrm", ["--norm=pre"]),
     "transformer-post": ("shakespeare_transformer", []), "transformer-pre": ("shakespeare_transformer", ["--norm=pre"]),
     "unitf-post": ("shakespeare_unitf", ["--n_embd=144"]), "unitf-pre": ("shakespeare_unitf", ["--n_embd=144", "--norm=pre"]),
+    # the post-norm Transformer given HRM's untied d x d matrix before the tied logits (model.py's out_proj): is
+    # that matrix what lets post-norm HRM escape the unigram plateau? Its grid starts where transformer-post's did
+    "transformer_proj-post": ("shakespeare_transformer", ["--out_proj=True"]),
 }
+CHAR_LR_OF = {"transformer_proj-post": "transformer-post"}   # a BPE-only variant starts at this one's char best
 ITERS = {"char": 400, "bpe": 400}         # the quick start's 400 iterations on both testbeds
 
 
@@ -240,7 +245,8 @@ def run_all(jobs, workers, rerun=False):
                 out_dir, cmd = todo.pop(0)
                 os.makedirs(out_dir, exist_ok=True)
                 claim = claim_run(out_dir)
-                why = "another runner has it" if claim is None else train_running(out_dir)
+                why = ("another runner has it" if claim is None else   # or finished it since this list was made:
+                       "another runner finished it" if not rerun and finished(out_dir) else train_running(out_dir))
                 if why:
                     print(f"skipping {out_dir}: {why}", flush=True)
                     if claim:
@@ -441,7 +447,7 @@ def bpe_start():
     """BPE testbed: each variant at its best character-level learning rate and one grid step each side."""
     jobs = []
     for v in BPE:
-        lr = best_lr("char", v)
+        lr = best_lr("char", CHAR_LR_OF.get(v, v))
         if lr is not None:
             i = GRID.index(lr)
             jobs += [command("bpe", v, g, SEEDS[0]) for g in GRID[max(i - 1, 0):i + 2]]
@@ -455,9 +461,10 @@ def seed_runs(testbed):
 
 
 def k_runs():
-    """The K ablation: post-norm HRM at its best character-level lr with K = 1 and K = 4 (= M)."""
+    """The K ablation: post-norm HRM at its best character-level lr with K = 1 and K = 4 (= M), 3 seeds."""
     lr = best_lr("char", "hrm-post")
-    return [] if lr is None else [command("char", "hrm-post", lr, SEEDS[0], [f"--K={k}"], f"-K{k}") for k in (1, 4)]
+    return [] if lr is None else [command("char", "hrm-post", lr, s, [f"--K={k}"], f"-K{k}") for k in (1, 4)
+                                  for s in SEEDS]
 
 
 def grow(testbed, workers):
@@ -648,8 +655,8 @@ def analysis(out_dir):
     after the last iteration (ckpt_last.pt), whose CE the tables report, not the best one (ckpt.pt)."""
     path = analysis_path(out_dir)
     if not os.path.exists(path):
-        if not os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
-            return None
+        if not os.path.exists(os.path.join(out_dir, "ckpt_last.pt")) or not finished(out_dir):
+            return None     # nothing to read, or a run still training (its log is not committed yet)
         import torch
         from analyze import depth_table, load, slow_module_frozen, step_stats, val_batches, val_ce
         torch.set_num_threads(1)
@@ -703,13 +710,25 @@ def seed_of(out_dir):
 
 
 def slow_seed_rows(runs):
-    """'| seed | CE | ΔCE, H frozen | z_H drift | w_H / w_L / w_I |' rows, one per read run."""
+    """'| seed | CE | ΔCE, H frozen | z_H drift | w_H / w_L / w_I |' rows, one per read run, then ΔCE's mean with
+    its 95% interval (frozen against not, paired by checkpoint) where 2 or more are read."""
     for d in runs:
         r = analysis(d)
         if r:
             w = r["fusion"]
             print(f"| {seed_of(d)} | {r['ce']:.3f} | {r['ce_h_frozen'] - r['ce']:+.3f} | {r['z_H_drift']:.3f} | "
                   f"{w['w_H']:.3f} / {w['w_L']:.3f} / {w['w_I']:.3f} |")
+    cost = frozen_cost(runs)
+    if cost:
+        print(f"| mean [95% CI], p | - | {cost} | - | - |")
+
+
+def frozen_cost(runs):
+    """What freezing z_H costs, CE frozen minus CE, paired by checkpoint: mean, 95% interval and p (a
+    stats.Diff); None under 2 readings."""
+    import stats
+    read = [(seed_of(d), r) for d, r in ((d, analysis(d)) for d in runs) if r]
+    return stats.paired({s: r["ce_h_frozen"] for s, r in read}, {s: r["ce"] for s, r in read})
 
 
 def slow_table():
@@ -776,19 +795,32 @@ def tables(plots=True):
     lr_table("bpe", "BPE testbed (GPT-2 BPE, d=128, 400 iterations): validation CE by learning rate (seed 1337)")
     seeds_table("bpe", "BPE testbed: each variant at its best learning rate, 3 seeds", uni["bpe"])
 
-    lr = best_lr("char", "hrm-post")
-    if lr:
-        print(f"### K ablation: post-norm HRM, M = 4, lr {lr_name(lr)}, seed 1337 (clipping at grad_clip * K / M)\n")
-        print("| K | MFLOPs/token | val CE |\n|---|---|---|")
-        for k, extra in ((1, "-K1"), (2, ""), (4, "-K4")):
-            d = run_dir("char", "hrm-post", lr, SEEDS[0], extra)
-            fl = f"{facts(d)['train_flops_per_token'] / 1e6:.1f}" if finished(d) else "-"
-            print(f"| {k}{' (= M, full backprop)' if k == 4 else ''} | {fl} | {cell(d)} |")
-        print()
+    k_table()
     slow_table()
     depth_table_md()
     if plots:
         draw(uni)
+
+
+def k_table():
+    """The K ablation, 3 seeds: each K's CE, and its difference from K = 2 (the paper's) paired by seed."""
+    import stats
+    lr = best_lr("char", "hrm-post")
+    if not lr:
+        return
+    print(f"### K ablation: post-norm HRM, M = 4, lr {lr_name(lr)}, 3 seeds (clipping at grad_clip * K / M; "
+          "difference from K = 2 paired by seed, 95% interval)\n")
+    print("| K | MFLOPs/token | " + " | ".join(f"seed {s}" for s in SEEDS) + " | mean ± sd | minus K = 2 |")
+    print("|---|---|" + "---|" * (len(SEEDS) + 2))
+    dirs = {k: [run_dir("char", "hrm-post", lr, s, extra) for s in SEEDS] for k, extra in ((1, "-K1"), (2, ""), (4, "-K4"))}
+    for k, ds in dirs.items():
+        fl = next((f"{facts(d)['train_flops_per_token'] / 1e6:.1f}" for d in ds if finished(d)), "-")
+        m, sd, n = mean_sd(list(by_seed(ds).values()))
+        diff = "-" if k == 2 else (stats.paired(by_seed(ds), by_seed(dirs[2])) or "-")
+        print(f"| {k}{' (= M, full backprop)' if k == 4 else ''} | {fl} | " + " | ".join(cell(d) for d in ds) +
+              f" | {fmt(m)} ± {sd:.3f} (n={n}) | {diff} |")
+    # the paper's claim is a trend in K: the two ends of it, paired by seed
+    print(f"\nK = 4 minus K = 1, paired by seed: {stats.paired(by_seed(dirs[4]), by_seed(dirs[1])) or '-'}\n")
 
 
 def save(fig, name):
@@ -827,7 +859,7 @@ def draw(uni):
 
 COLORS = {"hrm": "C0", "transformer": "C1", "unitf": "C2", "hrm_fast_only": "C4", "unitf_full": "C3",
           "hrm_fast_only_wide": "C5", "unitf_d128": "C6", "hrm_clip1": "C7", "unitf_clip1": "C8",
-          "transformer_l1": "C9", "hrm_rdepth": "navy", "unitf_rdepth": "darkgreen"}
+          "transformer_l1": "C9", "hrm_rdepth": "navy", "unitf_rdepth": "darkgreen", "transformer_proj": "saddlebrown"}
 
 
 def style(v):

@@ -161,6 +161,8 @@ def unitf_windowed_loss(m, idx, targets, K=None):
             x = x.detach()
     if m.norm_f is not None:
         x = m.norm_f(x)
+    if m.config.out_proj:   # the control's untied matrix, HRM's fusion.proj, between the state and the tied logits
+        x = x @ m.out_proj.weight.T
     return F.cross_entropy((x @ m.wte.weight.T).view(-1, V), targets.view(-1))
 
 
@@ -397,6 +399,27 @@ def test_pre_norm_unitf_gradient_window(batch):
     g_model = grads(m, loss)
     g_ref = grads(m, unitf_windowed_loss(m, idx, tgt, K=2))   # norm_f included
     assert_grads_close(g_model, g_ref)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_out_proj_is_a_matrix_before_the_tied_logits(batch, norm):
+    """out_proj (the BPE-plateau control): logits = RMSNorm?(x) W_p^T W_emb^T, W_p untied and N(0, 0.02) like
+    HRM's fusion.proj; the Transformer's blocks written out, and UniTF against its windowed reference."""
+    idx, tgt = batch
+    m = make(tiny("transformer", n_layer=2, norm=norm, out_proj=True), scale=3.0)
+    x = m.wte(idx)
+    for block in m.blocks:
+        x = block(x, m.rope)
+    x = m.norm_f(x) if norm == "pre" else x
+    ref = F.cross_entropy((x @ m.out_proj.weight.T @ m.wte.weight.T).view(-1, V), tgt.view(-1))
+    _, loss = m(idx, tgt)
+    torch.testing.assert_close(loss, ref)
+    assert_grads_close(grads(m, loss), grads(m, ref))
+    assert m.num_params() == make(tiny("transformer", n_layer=2, norm=norm)).num_params() + 32 * 32
+    assert abs(make(tiny("transformer", out_proj=True)).out_proj.weight.std().item() - 0.02) < 0.004
+    u = make(tiny("unitf", M=3, K=2, norm=norm, out_proj=True), scale=3.0)
+    g = grads(u, u(idx, tgt)[1])
+    assert_grads_close(g, grads(u, unitf_windowed_loss(u, idx, tgt, K=2)))
 
 
 def test_fast_only_is_hrm_with_z_H_frozen(batch):

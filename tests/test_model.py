@@ -76,6 +76,7 @@ def test_baseline_state_dict_keys():
     (dict(grad_ckpt=1), "grad_ckpt"), (dict(arch="transformer", grad_ckpt=True), "grad_ckpt"),
     (dict(fast_attn_steps=13), "fast_attn_steps"), (dict(fast_attn_steps=-1), "fast_attn_steps"),
     (dict(arch="unitf", fast_attn_steps=2), "fast_attn_steps"),
+    (dict(arch="hrm", out_proj=True), "out_proj"), (dict(arch="transformer", out_proj=1), "out_proj"),
 ])
 def test_invalid_config_names_field(kw, field):
     with pytest.raises(ValueError, match=rf"\b{field}\b"):

@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.join(ROOT, "docs"))
 import sweep  # noqa: E402
 
 SCRIPTS = ("sweep.py", "long_run.py", "beyond_paper.py", "kv_policies.py", "equalparam.py")
-PLOTS = ("sweep_lr.png", "bpe_lr.png", "sweep_curves.png", "depth.png", "long_run.png", "beyond_paper.png")
+PLOTS = ("sweep_lr.png", "bpe_lr.png", "sweep_curves.png", "depth.png", "long_run.png", "beyond_paper.png",
+         "equalparam.png")
 PLOT_DATA = os.path.join(ROOT, "tests", "data", "plots.json")
 
 # In the scripts' process: each figure they save is also pickled to $FIGURES/<name>.pickle, for figure_data.
@@ -220,8 +221,8 @@ def test_missing_logs_keep_the_committed_plots(checkout, tmp_path):
         if script == "kv_policies.py":   # draws no plot: its table says there is nothing to show
             assert "no readings yet" in out and not err.strip(), (out, err)
             continue
-        if script == "equalparam.py":    # draws no plot: its tables are empty and it counts no run
-            assert "0 runs committed" in out and not err.strip(), (out, err)
+        if script == "equalparam.py":    # no run at all: empty tables, no run counted, the plot left alone
+            assert "0 runs committed" in out and not err.strip() and "wrote docs/" not in out, (out, err)
             continue
         assert "the committed plot" in err and len(err.strip().splitlines()) == 1, err
         assert "wrote docs/" not in out
@@ -362,3 +363,62 @@ def test_a_cut_off_checkpoint_is_not_read(monkeypatch, tmp_path):
 
 if __name__ == "__main__":
     record_plots()
+
+
+def test_phi_inverts_the_effective_parameter_count():
+    """equalparam's phi: the flat curve read backwards (interpolated, and extrapolated past its ends), and
+    N_once + sum r^phi N_rec = P solved for phi, on numbers worked by hand."""
+    import equalparam as ep
+    curve = [(math.log(1e5), 2.0), (math.log(4e5), 1.8), (math.log(1.6e6), 1.7)]
+    assert math.isclose(ep.flat_ln_params(1.9, curve), math.log(2e5))             # inside the first segment
+    assert math.isclose(ep.flat_ln_params(1.75, curve), math.log(8e5))            # inside the second
+    assert math.isclose(ep.flat_ln_params(2.1, curve), math.log(5e4))             # below the curve: extended
+    assert math.isclose(ep.flat_ln_params(1.65, curve), math.log(3.2e6))          # above it
+    assert math.isclose(ep.phi_of(math.log(3.0), 1.0, [(4, 1.0)]), 0.5, abs_tol=1e-9)   # 1 + 4^0.5 = 3
+    assert math.isclose(ep.phi_of(math.log(3 + 2 * math.sqrt(2)), 1.0, [(4, 1.0), (2, 2.0)]), 0.5, abs_tol=1e-9)
+    assert ep.phi_of(math.log(0.9), 1.0, [(4, 1.0)]) == -math.inf                 # below what runs once
+    assert ep.phi_of(math.log(6.0), 1.0, [(4, 1.0)]) > 1                         # worth more than the loops' count
+
+
+def test_phi_counts_each_hrm_module_where_it_runs():
+    """The split of a committed HRM arm's parameters adds up to its stored count: the Fast module runs M times a
+    pass, the Slow module N times."""
+    import equalparam as ep
+    once, rec = ep.param_split("hrm-nt4")
+    facts = next(sweep.facts(d) for d in ep.chosen_dirs("hrm-nt4"))
+    assert once + sum(n for _, n in rec) == facts["params"]
+    assert [r for r, _ in rec] == [4, 2] and all(n > 0.2 * once for _, n in rec)
+
+
+def test_equalparam_shows_a_provisional_best_until_the_runner_up_has_its_seeds(monkeypatch, tmp_path):
+    import equalparam as ep
+    monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
+
+    def commit(k, seed, val):
+        d = tmp_path / sweep.log_dir(ep.job("tf-d64", k, seed)[0])
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps({"diverged": False, "final_val": val}))
+
+    for k, v in ((-1, 1.80), (0, 1.70), (1, 1.71)):      # bracketed at k = 0, k = 1 a close runner-up
+        commit(k, 1337, v)
+    assert ep.shown_k("tf-d64") == (None, False)        # the best alone: nothing to show
+    commit(0, 42, 1.60)
+    commit(0, 2024, 1.72)                               # sd 0.064: k = 1 is within one sd, phase C runs it
+    assert ep.runner_up("tf-d64") == 1 and ep.chosen_k("tf-d64") is None
+    assert ep.shown_k("tf-d64") == (0, False) and ep.label("tf-d64") == "tf-d64 (provisional)"
+    commit(1, 42, 1.55)
+    commit(1, 2024, 1.65)                               # the runner-up's mean is lower: it becomes the choice
+    assert ep.shown_k("tf-d64") == (1, True) and ep.label("tf-d64") == "tf-d64"
+
+
+def test_a_run_another_runner_finished_meanwhile_is_not_run_again(monkeypatch, tmp_path, capsys):
+    """Two runners share the work; one plans a round, the other finishes a run of it first: the first skips it
+    (before, it trained the run a second time and stored the same log over the committed one)."""
+    out_dir = str(tmp_path / "run")
+    cmd = [sys.executable, "-c", "raise SystemExit('trained again')"]
+    calls = []
+    monkeypatch.setattr(sweep, "finished", lambda d: calls.append(d) or len(calls) > 1)   # unfinished when planned
+    sweep.run_all([(out_dir, cmd)], 1)
+    out = capsys.readouterr().out
+    assert "another runner finished it" in out and "FAILED" not in out, out
+    assert not os.path.exists(os.path.join(out_dir, "train.out")), "the run was launched"
