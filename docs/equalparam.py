@@ -389,13 +389,13 @@ def phi_table(table):
         seeds = [s for s in SEEDS if s in table[arm] and all(s in table[a] for a in FLAT)]
         if len(seeds) < 2:
             continue
-        lnp = [flat_ln_params(table[arm][s], [(math.log(size[a]), table[a][s]) for a in FLAT]) for s in seeds]
-        mean = sum(lnp) / len(lnp)
-        h = stats.t_quantile(0.975, len(lnp) - 1) * math.sqrt(sum((x - mean) ** 2 for x in lnp) / (len(lnp) - 1)
-                                                            / len(lnp))
+        lnp = {s: flat_ln_params(table[arm][s], [(math.log(size[a]), table[a][s]) for a in FLAT]) for s in seeds}
+        ci = stats.paired(lnp, {s: 0.0 for s in seeds})     # the t interval of mean ln P_flat, as gap_changes'
+        if ci is None:                                        # under 2 seeds with a finite P_flat
+            continue
         once, rec = param_split(arm)
         total, M = once + sum(n for _, n in rec), rec[0][0]
-        ends = (mean, mean - h, mean + h)
+        mean, ends = ci.diff, (ci.diff, ci.lo, ci.hi)
         p = [math.exp(x) / 1e6 for x in ends]
         split = [phi_text(phi_of(x, once, rec)) for x in ends]
         whole = [phi_text((x - math.log(total)) / math.log(M)) for x in ends]
