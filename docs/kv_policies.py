@@ -94,10 +94,13 @@ def read(out_dir):
 
 
 def missing():
-    """Every run whose reading is missing: the 400-iteration ones first (minutes each, not hours)."""
+    """Every run whose reading is missing: the 400-iteration ones first (minutes each, not hours); the long ones
+    seed by seed (every variant's first seed before any variant's second), so that a stopped session leaves each
+    variant read at as many seeds as the others, not some complete and some unread."""
     jobs = [j for v in VARIANTS for j in runs(v, 400)]
     jobs += [j for v in REMEDIES for j in probe_jobs(v) if sweep.finished(j[0])]
-    jobs += [j for n in LENGTHS[1:] for v in VARIANTS for j in runs(v, n)]
+    jobs += [j for n in LENGTHS[1:] for i in range(len(sweep.SEEDS)) for v in VARIANTS for j in jobs_of(v, n)[i:i + 1]
+             if sweep.finished(j[0])]
     return [(d, cmd) for d, cmd in jobs if reading(d) is None]
 
 

@@ -137,6 +137,19 @@ def test_kv_policy_table_pairs_each_policy_with_full_by_seed(monkeypatch):
                            "0.500 |"), last
 
 
+def test_kv_long_runs_are_read_seed_by_seed(monkeypatch):
+    """The long runs (hours each) are rerun every variant's first seed before any variant's second, so a session
+    stopped part way leaves the variants read at equal seed counts; the 400-iteration ones (minutes) go first."""
+    import kv_policies
+    monkeypatch.setattr(kv_policies.sweep, "finished", lambda d: True)
+    monkeypatch.setattr(kv_policies, "reading", lambda d: None)
+    order = [(d.split("/")[0], d.split("/")[-2], sweep.seed_of(d)) for d, _ in kv_policies.missing()]
+    long = [(v, s) for out, v, s in order if out == "out-long"]
+    assert order.index(next(o for o in order if o[0] == "out-long")) == len(order) - len(long)
+    assert [s for _, s in long] == [str(s) for s in sweep.SEEDS for _ in kv_policies.LONG], long
+    assert [v for v, _ in long[:len(kv_policies.LONG)]] == kv_policies.LONG, long
+
+
 def test_kv_remedy_line_pairs_the_remedy_with_the_standard_runs_exact_decoding(monkeypatch):
     """The remedy line: each train_kv=last run's CE decoded under `last` against the standard run of the same
     seed decoded exactly (two models, paired by seed), and the lr probes' readings below it."""
