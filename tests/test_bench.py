@@ -35,6 +35,7 @@ def test_train_memory_is_O_K_not_O_M():
     assert full > 4 * m4, (m4, full)
 
 
+@pytest.mark.slow   # CI time (11 s): grad_ckpt's gradients and recomputation are checked in CI (test_equations.py)
 def test_full_backprop_at_flat_memory_with_grad_ckpt():
     """grad_ckpt (docs/MODEL.md section 8): full backprop through M = 48 steps keeps only the states between steps,
     so a training iteration's peak stays within 1.3x of the paper's K = 2 (measured: 0.9x; plain K = 48: 17x)."""

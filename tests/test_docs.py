@@ -49,6 +49,7 @@ SLOW = ["out-hps-hrm", "out-hps-tf", "out-ms-hrm",   # the HPSearch and MultiSee
         "config/shakespeare_hrm.py && python sample.py",   # CI time: the BPE data and HRM train in other CI tests
         "--nproc_per_node=2 train.py config/char_hrm.py"]  # CI time: test_distributed runs 2 gloo ranks in CI
 ELSEWHERE = {"--markdown=80,96": ("tests/test_plan.py", "test_memory_table_is_plans_output")}   # run, output checked
+# (that one is slow; in CI, test_memory_table_rows_are_plans_output_for_one_config_of_each_kind runs four configs)
 
 
 def test_every_readme_command_is_covered():

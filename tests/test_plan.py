@@ -94,11 +94,37 @@ def test_plan_refuses_non_finite_sizes(arg):
 
 # --- docs/MEMORY.md's table is plan.py's output ------------------------------------------------------------------
 
+def memory_page_command():
+    page = open(os.path.join(ROOT, "docs", "MEMORY.md")).read()
+    (cmd,) = [c for c in sh_commands(page) if "--markdown=" in c]
+    return page, cmd
+
+
+# One per architecture; the FSDP and micro-batch verdicts (equalflops_tf_l12: "DDP micro-batch 4 or FSDP").
+SOME_CONFIGS = ["equalparam_nt8.py", "equalparam_tf_l4.py", "m48_unitf.py", "equalflops_tf_l12.py"]
+
+
+def test_memory_table_rows_are_plans_output_for_one_config_of_each_kind():
+    """CI's share of the check below (the whole table takes 26 s): the page's command run on SOME_CONFIGS prints
+    their rows of the page's table exactly."""
+    page, cmd = memory_page_command()
+    markdown = re.search(r"--markdown=\S+", cmd)[0]
+    p = run_script("plan.py", *[f"config/{c}" for c in SOME_CONFIGS], markdown,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    (printed,) = md_tables(p.stdout)
+    rows = printed.splitlines()
+    (committed,) = [t for t in md_tables(page) if t.splitlines()[0] == rows[0]]
+    assert [r.split(" | ")[0] for r in rows[2:]] == [f"| {c}" for c in SOME_CONFIGS], printed
+    for row in rows[2:]:
+        assert row in committed.splitlines(), f"docs/MEMORY.md lacks plan.py's row (run `{cmd}`, paste):\n{row}"
+
+
+@pytest.mark.slow   # CI time (26 s): CI checks one config of each kind above
 def test_memory_table_is_plans_output():
     """The command docs/MEMORY.md shows, run as written (in bash, in the repository), prints the page's table
     exactly: every config it plans, with their sizes and verdicts. (tests/test_docs.py counts this command as run.)"""
-    page = open(os.path.join(ROOT, "docs", "MEMORY.md")).read()
-    (cmd,) = [c for c in sh_commands(page) if "--markdown=" in c]
+    page, cmd = memory_page_command()
     p = subprocess.run(["bash", "-c", f"set -eo pipefail; {cmd}"], capture_output=True, text=True, cwd=ROOT,
                        timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert p.returncode == 0, p.stderr[-3000:]
