@@ -35,7 +35,7 @@ def test_train_memory_is_O_K_not_O_M():
     assert full > 4 * m4, (m4, full)
 
 
-@pytest.mark.slow   # CI time (11 s): grad_ckpt's gradients and recomputation are checked in CI (test_equations.py)
+@pytest.mark.slow   # CI time (11 s): CI checks grad_ckpt's gradients and recomputation (test_equations.py), not memory
 def test_full_backprop_at_flat_memory_with_grad_ckpt():
     """grad_ckpt (docs/MODEL.md section 8): full backprop through M = 48 steps keeps only the states between steps,
     so a training iteration's peak stays within 1.3x of the paper's K = 2 (measured: 0.9x; plain K = 48: 17x)."""
@@ -44,8 +44,8 @@ def test_full_backprop_at_flat_memory_with_grad_ckpt():
     assert iter_mem(24, 2, 48) > 4 * k2   # the same run without checkpoints: the test sees the growth
 
 
-# slow: minutes on 2 cores. CI measures the K window's and grad_ckpt's memory above; only this one measures
-# K_slow's (its gradient routing is checked in CI: test_equations.py's K_slow tests)
+# slow: minutes on 2 cores. CI measures the K window's memory above (grad_ckpt's only in slow runs); only this one
+# measures K_slow's (its gradient routing is checked in CI: test_equations.py's K_slow tests)
 @pytest.mark.slow
 @pytest.mark.time_limit(600)
 def test_K_slow_memory_grows_with_firings_not_M():

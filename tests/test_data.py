@@ -344,9 +344,7 @@ def test_prepare_workers_die_with_it(tmp_path):
 MOMENTS = ["launch", "imports", "pool", "tokenizing", "writing", "swap"]
 
 
-# SIGTERM slow (CI time, 20 s): prepare.py handles both with the one handler (stopped_in_setup, then the pool's),
-# which CI checks with SIGINT
-@pytest.mark.parametrize("sig", ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_prepare_stops_on_a_signal_at_any_moment(data_dir, tmp_path, sig):
     import signal
     from data import check_dataset

@@ -109,7 +109,6 @@ def test_a_run_stopped_by_a_signal_stops_the_runner(data_dir, tmp_path):
     assert not os.path.exists(jobs[1][0])
 
 
-@pytest.mark.slow   # CI time (13 s): the out_dir lock it meets is checked in CI (test_second_run_on_a_busy_out_dir_...)
 def test_a_killed_runner_stops_its_run_and_a_new_one_waits_for_it(data_dir, tmp_path):
     """SIGKILL to the runner: its run gets SIGTERM (Linux's parent-death signal) and saves; a runner started
     while that train.py still runs skips the run (its out_dir lock is held), instead of failing it."""

@@ -173,7 +173,6 @@ def test_config_loads_and_builds(path):
         assert cfg["min_lr"] < cfg["learning_rate"] and cfg["max_iters"] in (10000, 20000, 60000)
 
 
-@pytest.mark.slow   # CI time: test_docs.py runs the README's copy of this command (its OpenWebText stand-in too)
 def test_paper_config_shape_smoke(tmp_path):
     """The issue's smoke test of config/equalparam_nt8.py, on a local stand-in for OpenWebText
     (prepare.py --input writes any local text under the dataset name asked for)."""
@@ -422,7 +421,7 @@ def test_init_from_checks_sizes_and_keeps_the_source(trained, data_dir, tmp_path
     assert snapshot(src) == before
 
 
-@pytest.mark.slow   # CI time (8 s): a progress line's timing after a resume
+@pytest.mark.slow   # CI time (8 s): only this checks the first progress line after a resume; its code runs in CI
 def test_progress_after_a_resume_divides_by_the_iterations_run(char_data, tmp_path):
     """A resumed run's first progress line covers fewer than log_interval iterations."""
     out = str(tmp_path / "run")
