@@ -183,10 +183,12 @@ def measure_inference(model, cfg, p, device, dtype, g, compile_forward, kv="full
     return out
 
 
-def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full", n_prof=32):
+def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full", n_prof=32, static=False):
     """--profile: where a cached token's time goes. One-token steps timed alternately with the floor (the same
     weight matrix-vector products back to back), so the machine's drift hits both alike; then n_prof steps under
-    torch.profiler: per token, the ops' CPU time and count, and the share in matrix products."""
+    torch.profiler: per token, the ops' CPU time and count, and the share in matrix products. static: against
+    engine.StaticKVCache, compiled (compile_forward) with fixed shapes in mode "reduce-overhead" (CUDA graphs on
+    a GPU; on a CPU that mode compiles as the default one does)."""
     import statistics
     from torch.profiler import profile
     kv = policy_of(model, kv)   # as in the table
@@ -194,20 +196,21 @@ def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full"
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
     _, products = floor_products(model, prompt, device, dtype, g)
     if compile_forward:
-        model.forward = torch.compile(model.forward, dynamic=True)
-    cache = engine.new_cache(model, 1, max_len=PROMPT + GEN, dtype=dtype, kv=kv)
+        model.forward = torch.compile(model.forward, dynamic=not static, mode="reduce-overhead" if static else None)
+    cache = engine.new_cache(model, 1, max_len=PROMPT + GEN, dtype=dtype, kv=kv, static=static)
     tok, floors, steps = prompt[:, -1:], [], []
+    at = lambda pos: engine.position(cache, pos)   # noqa: E731  (a device tensor under static)
     with torch.no_grad():
-        model(prompt, cache=cache, pos=0, last_only=True)   # the prefill
-        for pos in range(PROMPT, PROMPT + GEN):             # the first 8 steps warm up (and compile)
+        model(prompt, cache=cache, pos=at(0), last_only=True)   # the prefill
+        for pos in range(PROMPT, PROMPT + GEN):                 # the first 8 steps warm up (and compile)
             floor = timed(products, device, 1)
-            step = timed(lambda: model(tok, cache=cache, pos=pos, last_only=True), device, 1, warmup=lambda: None)
+            step = timed(lambda: model(tok, cache=cache, pos=at(pos), last_only=True), device, 1, warmup=lambda: None)
             if pos >= PROMPT + 8:
                 floors.append(floor)
                 steps.append(step)
         with profile() as prof:
             for pos in range(PROMPT + 8, PROMPT + 8 + n_prof):   # positions written before: rewritten alike
-                model(tok, cache=cache, pos=pos, last_only=True)
+                model(tok, cache=cache, pos=at(pos), last_only=True)
     ev = prof.key_averages()
     mms = [e for e in ev if e.key in ("aten::mm", "aten::addmm")]
     top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:8]
@@ -281,7 +284,8 @@ def worker(phase, spec):
     g = torch.Generator().manual_seed(0)
     reset_peak(device)  # the peaks below are this model's: not those of importing torch or building it
     if phase == "profile":
-        out.update(profile_decoding(model, cfg, p, device, dtype, g, spec.get("compile"), spec.get("kv", "full")))
+        out.update(profile_decoding(model, cfg, p, device, dtype, g, spec.get("compile"), spec.get("kv", "full"),
+                                    static=spec.get("static", False)))
     elif phase == "infer":
         out.update(measure_inference(model, cfg, p, device, dtype, g, spec.get("compile"), spec.get("kv", "full")))
     elif phase == "mem":
@@ -324,6 +328,10 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true",
                     help="instead of the table: where a cached token's time goes, per model (its time against the "
                          "matvec floor, timed alternately; then torch.profiler's ops per token)")
+    ap.add_argument("--static_cache", action="store_true",
+                    help="with --profile: decode against a fixed-shape cache (engine.StaticKVCache: positions on the "
+                         "device, no host sync), compiled with --compile in mode reduce-overhead: CUDA graphs on a "
+                         "GPU, plain compile on a CPU. The same tokens as the cache it replaces")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_spec", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -331,6 +339,9 @@ def main(argv=None):
         torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
         print(json.dumps(worker(args._worker, json.loads(args._spec))))
         return
+    if args.static_cache and not args.profile:
+        fail("--static_cache measures the one-token step: add --profile (the table's generation uses the growing "
+             "cache, whose shapes change with every token)")
     try:
         device = check_device(auto_device(args.device))
     except ValueError as e:
@@ -361,7 +372,8 @@ def main(argv=None):
     results = []
     t_all = time.time()
     for name in names if args.profile else ():
-        spec = {"model": name, "preset": args.preset, "device": device, "compile": args.compile, "kv": args.kv}
+        spec = {"model": name, "preset": args.preset, "device": device, "compile": args.compile, "kv": args.kv,
+                "static": args.static_cache}
         results.append({"model": name, **run_worker("profile", spec)})
         show_profile(name, results[-1])
     for name in names if not args.profile else ():

@@ -77,6 +77,21 @@ class KVCache:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
 
+class StaticKVCache(KVCache):
+    """KVCache with fixed shapes, for CUDA graphs (compile's "reduce-overhead"; gpt-fast's decoding): pos is a
+    tensor on the device, so nothing in a step reads it on the host, and attention reads every slot's whole
+    preallocated length with a mask where KVCache reads its written prefix. The same logits, up to the order
+    of float sums over the masked length (tests/test_decoding.py)."""
+
+    def update(self, slot, at, k, v):
+        """Write keys/values (B, H, t, hd) at positions at (t,) for one application; return its whole length and
+        the (t, max_len) mask of what each of the t positions may see: itself and every earlier position."""
+        k_slot, v_slot = self.k_slots[self.slots[slot]], self.v_slots[self.slots[slot]]
+        k_slot.index_copy_(2, at, k.to(k_slot.dtype))
+        v_slot.index_copy_(2, at, v.to(v_slot.dtype))
+        return k_slot, v_slot, torch.arange(self.max_len, device=at.device) <= at[:, None]
+
+
 class GrowingCache:
     """A policy's cache for training through it (teacher_forced): every write makes new tensors (torch.cat) where
     KVCache writes in place, which autograd cannot differentiate through once the slot is read again. What it
@@ -115,38 +130,46 @@ def kv_cache_bytes(model, seq_len, batch_size=1, dtype=torch.float32, kv="full")
     return 2 * (max(cache_slots(model, kv)) + 1) * seq_len * model.config.n_embd * nbytes * batch_size
 
 
-def new_cache(model, batch_size, max_len=None, dtype=None, kv="full"):
-    """An empty cache under policy kv, preallocated for max_len (default block_size) positions of every slot."""
+def new_cache(model, batch_size, max_len=None, dtype=None, kv="full", static=False):
+    """An empty cache under policy kv, preallocated for max_len (default block_size) positions of every slot;
+    static: a StaticKVCache, which the model reads when pos is a tensor (see position)."""
     c = model.config
     max_len = c.block_size if max_len is None else min(max_len, c.block_size)
     if dtype is None:
         dev = model.wte.weight.device.type
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else model.wte.weight.dtype
-    return KVCache(cache_slots(model, kv), batch_size, c.n_head, max_len, c.n_embd // c.n_head,
-                   model.wte.weight.device, dtype)
+    return (StaticKVCache if static else KVCache)(cache_slots(model, kv), batch_size, c.n_head, max_len,
+                                                  c.n_embd // c.n_head, model.wte.weight.device, dtype)
+
+
+def position(cache, pos):
+    """The pos argument of a forward against cache: a 0-d tensor on its device for a StaticKVCache (the step's
+    one varying input, copied in, never read back), else the int."""
+    return torch.tensor(pos, device=cache.k.device) if isinstance(cache, StaticKVCache) else pos
 
 
 @torch.no_grad()
-def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full"):
+def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full", static=False):
     """Sample max_new_tokens after idx (B, t), as nanoGPT does, yielding each new token (B, 1) as soon as it is
     drawn; temperature=0 is greedy.
 
     With use_cache, every block application decodes against its own preallocated cache (RoPE offset by the
     cache length). When the context outgrows block_size it is cropped to the last block_size tokens, which
     moves every position, so the cache is rebuilt from the cropped context: from then on each token costs a
-    full forward, and the output stays identical to use_cache=False.
+    full forward, and the output stays identical to use_cache=False. static: decode with a StaticKVCache
+    (fixed shapes, positions on the device: what CUDA graphs need).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     bs = model.config.block_size
-    cache = new_cache(model, idx.size(0), max_len=idx.size(1) + max_new_tokens, kv=kv) if use_cache else None
+    cache = new_cache(model, idx.size(0), idx.size(1) + max_new_tokens, kv=kv, static=static) if use_cache else None
     next_input, pos = idx[:, -bs:], 0  # what the next forward must process, and its first position
     for _ in range(max_new_tokens):
         if cache is not None and pos + next_input.size(1) > cache.max_len:
             next_input, pos = idx[:, -bs:], 0   # rebuild from the cropped context
-        logits, _ = model(next_input, cache=cache, pos=pos, last_only=True)
+        logits, _ = model(next_input, cache=cache, pos=position(cache, pos), last_only=True)
         pos = pos + next_input.size(1) if cache is not None else 0   # no cache: every forward starts at 0
         logits = logits[:, -1, :].float()
         if temperature == 0:
@@ -162,6 +185,6 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=Tr
         yield idx_next
 
 
-def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full"):
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full", static=False):
     """idx (B, t) followed by max_new_tokens sampled tokens (see stream)."""
-    return torch.cat([idx, *stream(model, idx, max_new_tokens, temperature, top_k, use_cache, kv)], dim=1)
+    return torch.cat([idx, *stream(model, idx, max_new_tokens, temperature, top_k, use_cache, kv, static)], dim=1)

@@ -118,12 +118,17 @@ class CausalSelfAttention(nn.Module):
         this application's keys and values of positions 0..pos, and these t are written after them."""
         B, t, d = x.shape
         qkv = self.qkv(x).view(B, t, 3, self.n_head, d // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, H, t, hd)
-        cos, sin_rot = rope[0][pos:pos + t], rope[1][pos:pos + t]  # RoPE at the tokens' own positions
+        static = isinstance(pos, torch.Tensor)   # engine.StaticKVCache: pos on the device, every shape fixed
+        at = pos + torch.arange(t, device=x.device) if static else slice(pos, pos + t)
+        cos, sin_rot = rope[0][at], rope[1][at]                    # RoPE at the tokens' own positions
         if cos.dtype != qkv.dtype:
             cos, sin_rot = cos.to(qkv.dtype), sin_rot.to(qkv.dtype)
         q, k = apply_rope(qkv[:2], cos, sin_rot).unbind(0)         # q and k rotated together
         v = qkv[2]
-        if cache is None or pos == 0:
+        if static:   # the whole preallocated length, its unwritten and later positions masked: no host sync
+            k, v, mask = cache.update(slot, at, k, v)
+            y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
+        elif cache is None or pos == 0:
             if cache is not None:
                 cache.update(slot, pos, k, v)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -254,9 +259,9 @@ class LanguageModel(nn.Module):
         """CE(logits, Y): mean over the positions whose target is not -1, in float32 even under autocast."""
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full"):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full", static=False):
         """idx (B, t) and max_new_tokens sampled after it, as nanoGPT's; the decoding itself is engine.py's."""
-        return engine.generate(self, idx, max_new_tokens, temperature, top_k, use_cache, kv)
+        return engine.generate(self, idx, max_new_tokens, temperature, top_k, use_cache, kv, static)
 
 
 # ---------------------------------------------------------------------------

@@ -55,6 +55,7 @@ IN_PROCESS = [
     ("bench_json_folder_missing", "bench", ["--preset=tiny", "--models=tf_l2", "--json={missing}/b.json"],
      "does not exist"),
     ("bench_no_cuda", "bench", ["--preset=tiny", "--models=tf_l2", "--device=cuda"], "CUDA is not available"),
+    ("bench_static_without_profile", "bench", ["--preset=tiny", "--models=tf_l2", "--static_cache"], "add --profile"),
     ("plot_missing_log", "plot", ["{missing}", "--out={tmp}/c.png"], "not found"),
 ]
 

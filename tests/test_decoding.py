@@ -44,6 +44,64 @@ def test_cached_logits_match_full_forward(cfg):
     assert full.std() > 0.1  # logits are not trivially flat
 
 
+# --- the fixed-shape cache (engine.StaticKVCache: CUDA graphs' prerequisite, checked on the CPU) ---------------
+
+# every policy of each architecture, and HRM with applications that keep no cache (fast_attn_steps)
+STATIC = {"hrm-S2": ("full", "last", "fired"), "unitf": ("full", "last"), "transformer": ("full",),
+          "hrm-hybrid2-S2": ("full",)}
+
+
+@pytest.mark.parametrize("cfg,kv", [(CACHE_CFGS[CACHE_IDS.index(i)], kv) for i, kvs in STATIC.items() for kv in kvs],
+                         ids=[f"{i}-{kv}" for i, kvs in STATIC.items() for kv in kvs])
+def test_static_cache_decodes_as_the_cache(cfg, kv):
+    """Positions as device tensors, every slot read at its whole length with a mask: the logits of a prefill, of
+    one token at a time and of a chunk are the growing cache's under each policy, and the cache holds the same
+    keys. In float64: they differ in the order of float sums only (float32: up to 2e-4 for UniTF under `last`)."""
+    m = make(cfg, scale=4.0).eval().double()
+    idx = torch.randint(0, V, (2, 30), generator=torch.Generator().manual_seed(5))
+    out = {}
+    with torch.no_grad():
+        for static in (False, True):
+            cache = engine.new_cache(m, 2, max_len=40, kv=kv, static=static)   # 10 positions never written
+            at = lambda p: engine.position(cache, p)   # noqa: E731
+            chunks = [m(idx[:, :8], cache=cache, pos=at(0))[0]]
+            chunks += [m(idx[:, t:t + 1], cache=cache, pos=at(t))[0] for t in range(8, 22)]
+            chunks.append(m(idx[:, 22:], cache=cache, pos=at(22))[0])
+            out[static] = torch.cat(chunks, dim=1), cache.k[:, :, :, :30].clone()
+    assert isinstance(cache, engine.StaticKVCache)
+    assert (out[True][0] - out[False][0]).abs().max().item() < 1e-10
+    assert (out[True][1] - out[False][1]).abs().max().item() < 1e-10 and out[True][1].abs().max() > 0
+
+
+def test_static_cache_step_compiles_once_and_reads_nothing_back():
+    """Compiled, the one-token step against a StaticKVCache is one graph for every position (a counting backend:
+    no recompile as pos moves, no graph break) that reads nothing back to the host, which CUDA graphs need; and
+    it decodes as the eager step does."""
+    import torch._dynamo
+    m = make(tiny("hrm", N=1, T=2, K=1), scale=4.0).eval()
+    idx = torch.randint(0, V, (1, 24), generator=torch.Generator().manual_seed(5))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    step = torch.compile(m.forward, backend=backend, fullgraph=True, dynamic=False)
+    out = {}
+    with torch.no_grad():
+        for f in (m.forward, step):
+            cache = engine.new_cache(m, 1, max_len=24, static=True)
+            f(idx[:, :8], cache=cache, pos=engine.position(cache, 0))   # the prefill: its own graph
+            n = len(graphs)
+            out[f] = torch.cat([f(idx[:, t:t + 1], cache=cache, pos=engine.position(cache, t))[0]
+                                for t in range(8, 24)], 1)
+    torch._dynamo.reset()
+    assert len(graphs) == n + 1, len(graphs)   # 16 positions, one graph
+    reads = [str(node.target) for node in graphs[-1].graph.nodes if str(node.target) in ("item", "tolist")]
+    assert not reads, reads   # nothing read back to the host inside the step (a CUDA graph cannot)
+    assert (out[step] - out[m.forward]).abs().max().item() < 1e-5
+
+
 def fit_cycle(m, steps=60):
     """A few Adam steps on a fixed random cycle of tokens, so greedy decoding walks through many tokens."""
     perm = torch.randperm(V, generator=torch.Generator().manual_seed(8))
@@ -67,6 +125,7 @@ def test_greedy_cached_equals_uncached(cfg):
     b = m.generate(prompt, 64, temperature=0, use_cache=False)
     assert a.shape == (1, 72)
     assert torch.equal(a, b)
+    assert torch.equal(m.generate(prompt, 64, temperature=0, static=True), b)   # engine.StaticKVCache
     assert len(set(a[0, 8:].tolist())) > 3  # greedy output is not one repeated token
 
 
