@@ -214,7 +214,8 @@ def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full"
     ev = prof.key_averages()
     mms = [e for e in ev if e.key in ("aten::mm", "aten::addmm")]
     top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:8]
-    return {"step_ms": statistics.median(steps) * 1e3, "floor_ms": statistics.median(floors) * 1e3,
+    return {"cache": type(cache).__name__, "step_ms": statistics.median(steps) * 1e3,
+            "floor_ms": statistics.median(floors) * 1e3,
             "steps": len(steps), "profiled_ms": sum(e.self_cpu_time_total for e in ev) / n_prof / 1e3,
             "mm_ms": sum(e.self_cpu_time_total for e in mms) / n_prof / 1e3,
             "mm_calls": sum(e.count for e in mms) / n_prof,
@@ -224,7 +225,8 @@ def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full"
 
 def show_profile(name, r):
     """--profile's lines for one model."""
-    print(f"{name}: a cached token takes {r['step_ms']:.2f} ms, the floor {r['floor_ms']:.2f} ms (medians of "
+    fixed = " (fixed-shape cache)" if r.get("cache") == "StaticKVCache" else ""
+    print(f"{name}{fixed}: a cached token takes {r['step_ms']:.2f} ms, the floor {r['floor_ms']:.2f} ms (medians of "
           f"{r['steps']} alternating timings): {r['floor_ms'] / r['step_ms']:.0%} of the bound")
     print(f"  profiled, per token: {r['profiled_ms']:.2f} ms of CPU time in {r['ops']:.0f} ops; matrix products "
           f"{r['mm_ms']:.2f} ms ({r['mm_ms'] / r['profiled_ms']:.0%}), the same products back to back "
