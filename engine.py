@@ -83,6 +83,14 @@ class StaticKVCache(KVCache):
     preallocated length with a mask where KVCache reads its written prefix. The same logits, up to the order
     of float sums over the masked length (tests/test_decoding.py)."""
 
+    def __init__(self, *args):
+        super().__init__(*args)
+        import torch._dynamo   # here, not at the top: only a fixed-shape cache pays for importing the compiler
+        for t in (self.k, self.v, *self.k_slots, *self.v_slots):
+            # a CUDA graph may write in place only inputs whose address never changes (as with module buffers,
+            # where gpt-fast keeps its cache); else Inductor skips the graph ("mutated inputs")
+            torch._dynamo.mark_static_address(t)
+
     def update(self, slot, at, k, v):
         """Write keys/values (B, H, t, hd) at positions at (t,) for one application; return its whole length and
         the (t, max_len) mask of what each of the t positions may see: itself and every earlier position."""

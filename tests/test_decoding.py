@@ -75,15 +75,16 @@ def test_static_cache_decodes_as_the_cache(cfg, kv):
 
 def test_static_cache_step_compiles_once_and_reads_nothing_back():
     """Compiled, the one-token step against a StaticKVCache is one graph for every position (a counting backend:
-    no recompile as pos moves, no graph break) that reads nothing back to the host, which CUDA graphs need; and
-    it decodes as the eager step does."""
+    no recompile as pos moves, no graph break) that reads nothing back to the host, and whose cache inputs, which
+    it writes in place, have static addresses: what CUDA graphs need. And it decodes as the eager step does."""
     import torch._dynamo
     m = make(tiny("hrm", N=1, T=2, K=1), scale=4.0).eval()
     idx = torch.randint(0, V, (1, 24), generator=torch.Generator().manual_seed(5))
-    graphs = []
+    graphs, inputs = [], []
 
     def backend(gm, example_inputs):
         graphs.append(gm)
+        inputs.append(example_inputs)
         return gm.forward
     torch._dynamo.reset()
     step = torch.compile(m.forward, backend=backend, fullgraph=True, dynamic=False)
@@ -99,6 +100,10 @@ def test_static_cache_step_compiles_once_and_reads_nothing_back():
     assert len(graphs) == n + 1, len(graphs)   # 16 positions, one graph
     reads = [str(node.target) for node in graphs[-1].graph.nodes if str(node.target) in ("item", "tolist")]
     assert not reads, reads   # nothing read back to the host inside the step (a CUDA graph cannot)
+    kv = {cache.k.untyped_storage().data_ptr(), cache.v.untyped_storage().data_ptr()}
+    slots = [t for t in inputs[-1] if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in kv]
+    assert len(slots) == 2 * m.n_cache_apps()
+    assert all(getattr(t, "_dynamo_static_input_type", None) for t in slots)   # else Inductor skips the graph
     assert (out[step] - out[m.forward]).abs().max().item() < 1e-5
 
 
