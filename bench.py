@@ -199,9 +199,9 @@ def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full"
         model.forward = torch.compile(model.forward, dynamic=not static, mode="reduce-overhead" if static else None)
     cache = engine.new_cache(model, 1, max_len=PROMPT + GEN, dtype=dtype, kv=kv, static=static)
     tok, floors, steps = prompt[:, -1:], [], []
-    at = lambda pos: engine.position(cache, pos)   # noqa: E731  (a device tensor under static)
+    at = lambda pos, t=1: engine.position(cache, pos, t)   # noqa: E731  (a device tensor under static)
     with torch.no_grad():
-        model(prompt, cache=cache, pos=at(0), last_only=True)   # the prefill
+        model(prompt, cache=cache, pos=at(0, PROMPT), last_only=True)   # the prefill
         for pos in range(PROMPT, PROMPT + GEN):                 # the first 8 steps warm up (and compile)
             floor = timed(products, device, 1)
             step = timed(lambda: model(tok, cache=cache, pos=at(pos), last_only=True), device, 1, warmup=lambda: None)

@@ -85,11 +85,12 @@ class StaticKVCache(KVCache):
 
     def __init__(self, *args):
         super().__init__(*args)
-        import torch._dynamo   # here, not at the top: only a fixed-shape cache pays for importing the compiler
-        for t in (self.k, self.v, *self.k_slots, *self.v_slots):
+        self.pos = torch.zeros((), dtype=torch.long, device=self.k.device)   # position()'s tensor, set in place
+        import torch._dynamo as dynamo   # here, not at the top: only a fixed-shape cache pays for importing it
+        for t in (self.k, self.v, *self.k_slots, *self.v_slots, self.pos):
             # a CUDA graph may write in place only inputs whose address never changes (as with module buffers,
             # where gpt-fast keeps its cache); else Inductor skips the graph ("mutated inputs")
-            torch._dynamo.mark_static_address(t)
+            dynamo.mark_static_address(t)
 
     def update(self, slot, at, k, v):
         """Write keys/values (B, H, t, hd) at positions at (t,) for one application; return its whole length and
@@ -150,10 +151,16 @@ def new_cache(model, batch_size, max_len=None, dtype=None, kv="full", static=Fal
                                                   c.n_embd // c.n_head, model.wte.weight.device, dtype)
 
 
-def position(cache, pos):
-    """The pos argument of a forward against cache: a 0-d tensor on its device for a StaticKVCache (the step's
-    one varying input, copied in, never read back), else the int."""
-    return torch.tensor(pos, device=cache.k.device) if isinstance(cache, StaticKVCache) else pos
+def position(cache, pos, t=1):
+    """The pos argument of a forward of t tokens against cache: for a StaticKVCache, its 0-d tensor on the
+    device, set in place (a kernel with pos as its argument: no copy from the host to wait for, no new
+    address), after the check KVCache.update makes, which the device could not make without a sync; else the
+    int."""
+    if not isinstance(cache, StaticKVCache):
+        return pos
+    if pos + t > cache.max_len:
+        raise ValueError(f"KV cache full: {pos} + {t} > {cache.max_len}")
+    return cache.pos.fill_(pos)
 
 
 @torch.no_grad()
@@ -177,7 +184,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=Tr
     for _ in range(max_new_tokens):
         if cache is not None and pos + next_input.size(1) > cache.max_len:
             next_input, pos = idx[:, -bs:], 0   # rebuild from the cropped context
-        logits, _ = model(next_input, cache=cache, pos=position(cache, pos), last_only=True)
+        logits, _ = model(next_input, cache=cache, pos=position(cache, pos, next_input.size(1)), last_only=True)
         pos = pos + next_input.size(1) if cache is not None else 0   # no cache: every forward starts at 0
         logits = logits[:, -1, :].float()
         if temperature == 0:

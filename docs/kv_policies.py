@@ -170,7 +170,8 @@ def main():
         jobs = missing()
         print(f"{len(jobs)} runs to rerun and read", flush=True)
         for i in range(0, len(jobs), args.workers):   # read each group as it finishes, not all at the end
-            for d in sweep.run_all(jobs[i:i + args.workers], args.workers, rerun=True):
+            group = [(d, c) for d, c in jobs[i:i + args.workers] if reading(d) is None]   # another runner's since
+            for d in sweep.run_all(group, args.workers, rerun=True) if group else ():
                 print(f"reading {d}", flush=True)
                 read(d)
     print(table())

@@ -63,12 +63,14 @@ def test_static_cache_decodes_as_the_cache(cfg, kv):
     with torch.no_grad():
         for static in (False, True):
             cache = engine.new_cache(m, 2, max_len=40, kv=kv, static=static)   # 10 positions never written
-            at = lambda p: engine.position(cache, p)   # noqa: E731
-            chunks = [m(idx[:, :8], cache=cache, pos=at(0))[0]]
+            at = lambda p, t=1: engine.position(cache, p, t)   # noqa: E731
+            chunks = [m(idx[:, :8], cache=cache, pos=at(0, 8))[0]]
             chunks += [m(idx[:, t:t + 1], cache=cache, pos=at(t))[0] for t in range(8, 22)]
-            chunks.append(m(idx[:, 22:], cache=cache, pos=at(22))[0])
+            chunks.append(m(idx[:, 22:], cache=cache, pos=at(22, 8))[0])
             out[static] = torch.cat(chunks, dim=1), cache.k[:, :, :, :30].clone()
     assert isinstance(cache, engine.StaticKVCache)
+    with pytest.raises(ValueError, match=r"KV cache full: 36 \+ 5 > 40"):   # checked on the host, as KVCache does
+        engine.position(cache, 36, 5)
     assert (out[True][0] - out[False][0]).abs().max().item() < 1e-10
     assert (out[True][1] - out[False][1]).abs().max().item() < 1e-10 and out[True][1].abs().max() > 0
 
@@ -92,7 +94,7 @@ def test_static_cache_step_compiles_once_and_reads_nothing_back():
     with torch.no_grad():
         for f in (m.forward, step):
             cache = engine.new_cache(m, 1, max_len=24, static=True)
-            f(idx[:, :8], cache=cache, pos=engine.position(cache, 0))   # the prefill: its own graph
+            f(idx[:, :8], cache=cache, pos=engine.position(cache, 0, 8))   # the prefill: its own graph
             n = len(graphs)
             out[f] = torch.cat([f(idx[:, t:t + 1], cache=cache, pos=engine.position(cache, t))[0]
                                 for t in range(8, 24)], 1)
@@ -140,6 +142,7 @@ def test_generate_past_block_size_rebuilds_cache():
     a = m.generate(prompt, 30, temperature=0, use_cache=True)
     b = m.generate(prompt, 30, temperature=0, use_cache=False)
     assert a.shape == (2, 50) and torch.equal(a, b)
+    assert torch.equal(m.generate(prompt, 30, temperature=0, static=True), b)   # the fixed-shape cache rebuilt too
 
 
 def test_sampling_is_seeded_and_cache_agnostic():
