@@ -85,20 +85,26 @@ class StaticKVCache(KVCache):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.pos = torch.zeros((), dtype=torch.long, device=self.k.device)   # position()'s tensor, set in place
+        dev = self.k.device
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)   # a one-token step's position, set in place
+        self.steps = torch.arange(self.max_len, device=dev)         # a forward's offsets; the keys' positions
+        self.mask1 = torch.zeros(1, self.max_len, dtype=torch.bool, device=dev)   # that step's mask, in place
+        self.mask = self.mask1   # position()'s (t, max_len) mask for the forward at hand: made once per forward,
+        # not once per block application (17 of them a token for HRM NT=12)
         import torch._dynamo as dynamo   # here, not at the top: only a fixed-shape cache pays for importing it
-        for t in (self.k, self.v, *self.k_slots, *self.v_slots, self.pos):
+        for t in (self.k, self.v, *self.k_slots, *self.v_slots, self.pos, self.mask1):
             # a CUDA graph may write in place only inputs whose address never changes (as with module buffers,
             # where gpt-fast keeps its cache); else Inductor skips the graph ("mutated inputs")
             dynamo.mark_static_address(t)
 
     def update(self, slot, at, k, v):
         """Write keys/values (B, H, t, hd) at positions at (t,) for one application; return its whole length and
-        the (t, max_len) mask of what each of the t positions may see: itself and every earlier position."""
+        the (t, max_len) mask of what each of the t positions may see: itself and every earlier position (made
+        by position(), which gave at)."""
         k_slot, v_slot = self.k_slots[self.slots[slot]], self.v_slots[self.slots[slot]]
         k_slot.index_copy_(2, at, k.to(k_slot.dtype))
         v_slot.index_copy_(2, at, v.to(v_slot.dtype))
-        return k_slot, v_slot, torch.arange(self.max_len, device=at.device) <= at[:, None]
+        return k_slot, v_slot, self.mask
 
 
 class GrowingCache:
@@ -152,15 +158,18 @@ def new_cache(model, batch_size, max_len=None, dtype=None, kv="full", static=Fal
 
 
 def position(cache, pos, t=1):
-    """The pos argument of a forward of t tokens against cache: for a StaticKVCache, its 0-d tensor on the
-    device, set in place (a kernel with pos as its argument: no copy from the host to wait for, no new
-    address), after the check KVCache.update makes, which the device could not make without a sync; else the
-    int."""
+    """The pos argument of a forward of t tokens against cache: for a StaticKVCache, the t positions as a tensor
+    on the device, and beside them on the cache the mask its attention reads, made here once for the whole
+    forward. A one-token step sets both in place (kernels with pos as their argument: no copy from the host to
+    wait for, no new address), after the check KVCache.update makes, which the device could not make without a
+    sync. Else the int."""
     if not isinstance(cache, StaticKVCache):
         return pos
     if pos + t > cache.max_len:
         raise ValueError(f"KV cache full: {pos} + {t} > {cache.max_len}")
-    return cache.pos.fill_(pos)
+    at = cache.pos.fill_(pos) if t == 1 else pos + cache.steps[:t]   # a prefill or chunk: new tensors, once
+    cache.mask = torch.le(cache.steps, at[:, None], out=cache.mask1 if t == 1 else None)
+    return at
 
 
 @torch.no_grad()

@@ -118,8 +118,8 @@ class CausalSelfAttention(nn.Module):
         this application's keys and values of positions 0..pos, and these t are written after them."""
         B, t, d = x.shape
         qkv = self.qkv(x).view(B, t, 3, self.n_head, d // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, H, t, hd)
-        static = isinstance(pos, torch.Tensor)   # engine.StaticKVCache: pos on the device, every shape fixed
-        at = pos + torch.arange(t, device=x.device) if static else slice(pos, pos + t)
+        static = isinstance(pos, torch.Tensor)   # engine.StaticKVCache: the t positions on the device, fixed shapes
+        at = pos if static else slice(pos, pos + t)
         cos, sin_rot = rope[0][at], rope[1][at]                    # RoPE at the tokens' own positions
         if cos.dtype != qkv.dtype:
             cos, sin_rot = cos.to(qkv.dtype), sin_rot.to(qkv.dtype)

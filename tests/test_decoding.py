@@ -106,6 +106,10 @@ def test_static_cache_step_compiles_once_and_reads_nothing_back():
     slots = [t for t in inputs[-1] if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in kv]
     assert len(slots) == 2 * m.n_cache_apps()
     assert all(getattr(t, "_dynamo_static_input_type", None) for t in slots)   # else Inductor skips the graph
+    weights = {t.data_ptr() for t in (*m.parameters(), *m.buffers())}
+    moving = [tuple(t.shape) for t in inputs[-1] if isinstance(t, torch.Tensor) and t.data_ptr() not in weights
+              and not getattr(t, "_dynamo_static_input_type", None)]
+    assert moving == [(1, 1)], moving   # the token alone is copied in: the position and the mask are set in place
     assert (out[step] - out[m.forward]).abs().max().item() < 1e-5
 
 
