@@ -14,6 +14,12 @@ exact decoding; and UniTF pre-norm likewise (read at 400 iterations only), as po
     python docs/kv_policies.py            # rerun the runs whose readings are missing, read them, the table
     python docs/kv_policies.py --dry-run  # list the train.py commands it would rerun; run nothing
     python docs/kv_policies.py --tables   # the table only, from the committed readings
+    python docs/kv_policies.py --speed    # time each variant's cached decoding alone; its tok/s go to the table
+
+The table's cached tok/s come from --speed, not from the readings: a reading times its decoding wherever it
+runs, often beside other runs, while --speed times every variant and policy in one process, one thread, in turns
+(so drift hits each alike), on a machine left to it. The work of a step does not depend on the weights, so each
+variant is timed with fresh weights of its runs' shape: no checkpoint needed.
 
 Checkpoints are not committed, so a run whose reading (kv.json beside its log) is missing is trained again
 (deterministic on CPU; only a rerun that reproduces its committed log is read), as long_run.py does. The
@@ -93,6 +99,58 @@ def read(out_dir):
     os.replace(path + ".tmp", path)
 
 
+SPEED = os.path.join(sweep.ROOT, "docs", "logs", "kv_speed.json")
+
+
+def speed(reps=3, tokens=200, prompt=16):
+    """Cached greedy tok/s (batch 1, one thread) of each variant's shape under each of its policies: the median
+    of reps timings of `tokens` tokens after a `prompt`-token prompt, every variant and policy timed once per
+    round. Written to SPEED (atomically)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rows = timings(reps, tokens, prompt)
+    finally:   # as it was: a caller's (a test's) later work keeps its threads
+        torch.set_num_threads(threads)
+    with open(SPEED + ".tmp", "w") as f:
+        json.dump({"threads": 1, "reps": reps, "tokens": tokens, "prompt": prompt, "tok_s": rows}, f, indent=1)
+    os.replace(SPEED + ".tmp", SPEED)
+
+
+def timings(reps, tokens, prompt):
+    import statistics
+    import time
+    import torch
+    from model import ModelConfig, build_model
+    from plan import train_settings
+    models = {}
+    for v in VARIANTS:
+        _, cmd = jobs_of(v, 400)[0]
+        torch.manual_seed(0)
+        models[v] = build_model(ModelConfig.from_settings(train_settings(cmd[2:]))).eval()
+    g = torch.Generator().manual_seed(0)
+    x = {v: torch.randint(0, m.config.vocab_size, (1, prompt), generator=g) for v, m in models.items()}
+    times = {(v, kv): [] for v, m in models.items() for kv in POLICIES[m.config.arch]}
+    with torch.no_grad():
+        for r in range(reps + 1):   # round 0 warms up: not counted
+            for v, kv in times:
+                t0 = time.perf_counter()
+                models[v].generate(x[v], tokens, temperature=0, kv=kv)
+                if r:
+                    times[v, kv].append(time.perf_counter() - t0)
+            print(f"round {r}/{reps} timed", flush=True)
+    return {v: {kv: tokens / statistics.median(ts) for (w, kv), ts in times.items() if w == v} for v in models}
+
+
+def speeds():
+    """--speed's tok/s by variant and policy, or {} before it has run."""
+    if not os.path.exists(SPEED):
+        return {}
+    with open(SPEED) as f:
+        return json.load(f)["tok_s"]
+
+
 def missing():
     """Every run whose reading is missing: the 400-iteration ones first (minutes each, not hours); the long ones
     seed by seed (every variant's first seed before any variant's second), so that a stopped session leaves each
@@ -107,8 +165,9 @@ def missing():
 def table():
     """Markdown: per variant and length, each policy's seed-mean decoding CE, its paired difference from the
     exact cache (95% interval, p), greedy agreement, bytes per token and tok/s."""
+    fast = speeds()
     lines = ["### KV cache policies: decoding val CE by policy (mean ± sd over seeds; difference from `full` paired "
-             "by seed, 95% interval and p)\n",
+             "by seed, 95% interval and p; cached tok/s from --speed)\n",
              "| variant | iters | kv | seeds | decoding CE | vs full | greedy agreement | KV bytes/token | cached tok/s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for v in VARIANTS:
@@ -124,9 +183,9 @@ def table():
                 diff = "-" if kv == "full" else "too few seeds" if d is None else \
                     f"{d.diff:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}], p = {stats.p_text(d.p)}"   # 4 places: small effects
                 agree = sweep.mean_sd([rows[kv]["greedy_agree"] for rows in by.values()])[0]
-                tok_s = sweep.mean_sd([rows[kv]["cached_tok_s"] for rows in by.values()])[0]
+                tok_s = f"{fast[v][kv]:.0f}" if kv in fast.get(v, {}) else "-"
                 lines.append(f"| {v} | {n} | {kv} | {k} | {m:.4f} ± {sd:.4f} | {diff} | {agree:.3f} | "
-                             f"{next(iter(by.values()))[kv]['kv_bytes_per_token']} | {tok_s:.0f} |")
+                             f"{next(iter(by.values()))[kv]['kv_bytes_per_token']} | {tok_s} |")
     if len(lines) == 3:
         lines.append("| (no readings yet: run python docs/kv_policies.py) | | | | | | | | |")
     return "\n".join(lines) + "\n" + remedy_line()
@@ -153,8 +212,17 @@ def remedy_line():
 
 def main():
     ap = sweep.runner_parser(__doc__, "print the table only, from the committed readings")
+    ap.add_argument("--speed", action="store_true", help="time each variant's cached decoding (one thread; leave "
+                    "the machine to it), write docs/logs/kv_speed.json and print the table; train and read nothing")
     args = ap.parse_args()
     os.chdir(sweep.ROOT)
+    if args.speed and (args.tables or args.dry_run):
+        ap.error("--speed times decoding and prints the table: give it alone")
+    if args.speed:
+        sweep.require_data("kv_policies.py", [("shakespeare_char", "--dataset=shakespeare_char")])
+        speed()
+        print(table())
+        return
     if args.dry_run:
         for d, cmd in (j for v in REMEDIES for j in jobs_of(v, 400) + probe_jobs(v)):
             if not sweep.finished(d):

@@ -137,6 +137,30 @@ def test_kv_policy_table_pairs_each_policy_with_full_by_seed(monkeypatch):
                            "0.500 |"), last
 
 
+def test_kv_speed_times_every_variant_and_policy_and_the_table_quotes_it(tmp_path, monkeypatch):
+    """--speed builds each variant's shape from its runs' command and times every policy it has; the table's
+    tok/s column is that file's (not the readings' own timings, taken beside other work)."""
+    import json
+    import kv_policies
+    monkeypatch.setattr(kv_policies, "SPEED", str(tmp_path / "kv_speed.json"))
+    kv_policies.speed(reps=1, tokens=2)
+    rows = json.loads((tmp_path / "kv_speed.json").read_text())["tok_s"]
+    assert {v: sorted(r) for v, r in rows.items()} == \
+        {v: sorted(kv_policies.POLICIES["hrm" if v.startswith("hrm") else "unitf"]) for v in kv_policies.VARIANTS}
+    assert all(t > 0 for r in rows.values() for t in r.values())
+    rows["hrm-post"]["last"] = 123.4
+
+    def made_up(out_dir):
+        if "hrm-post" not in out_dir or "out-sweep" not in out_dir:
+            return None
+        row = dict(ce=1.5, greedy_agree=1.0, kv_bytes_per_token=1, cached_tok_s=5.0)
+        return {"iter": 400, "rows": [dict(row, kv="full"), dict(row, kv="last")]}
+    (tmp_path / "kv_speed.json").write_text(json.dumps({"tok_s": rows}))
+    monkeypatch.setattr(kv_policies, "reading", made_up)
+    last = [line for line in kv_policies.table().splitlines() if line.startswith("| hrm-post | 400 | last |")]
+    assert last and last[0].endswith("| 1 | 123 |"), last
+
+
 def test_kv_long_runs_are_read_seed_by_seed(monkeypatch):
     """The long runs (hours each) are rerun every variant's first seed before any variant's second, so a session
     stopped part way leaves the variants read at equal seed counts; the 400-iteration ones (minutes) go first."""
