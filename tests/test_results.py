@@ -357,6 +357,7 @@ def test_a_cut_off_checkpoint_is_not_read(monkeypatch, tmp_path):
     (tmp_path / "committed" / "run.json").write_text(json.dumps(
         {"command": "python train.py config/char_hrm.py --max_iters=4000", "diverged": False, "final_val": 1.7}))
     monkeypatch.setattr(analyze, "load", lambda *a, **k: (None, {"iter_num": 2200}))   # cut off at 2200 of 4000
+    monkeypatch.setattr(analyze.torch, "set_num_threads", lambda n: None)   # the tests after it keep their threads
     assert sweep.analysis(str(out_dir)) is None
     assert not os.path.exists(sweep.analysis_path(str(out_dir)))
 
