@@ -89,8 +89,8 @@ class StaticKVCache(KVCache):
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)   # a one-token step's position, set in place
         self.steps = torch.arange(self.max_len, device=dev)         # a forward's offsets; the keys' positions
         self.mask1 = torch.zeros(1, self.max_len, dtype=torch.bool, device=dev)   # that step's mask, in place
-        self.mask = self.mask1   # position()'s (t, max_len) mask for the forward at hand: made once per forward,
-        # not once per block application (17 of them a token for HRM NT=12)
+        self.at, self.mask = self.pos, self.mask1   # position()'s positions (t,) and (t, max_len) mask for the
+        # forward at hand: made once per forward, not once per block application (17 of them a token for HRM NT=12)
         import torch._dynamo as dynamo   # here, not at the top: only a fixed-shape cache pays for importing it
         for t in (self.k, self.v, *self.k_slots, *self.v_slots, self.pos, self.mask1):
             # a CUDA graph may write in place only inputs whose address never changes (as with module buffers,
@@ -101,6 +101,8 @@ class StaticKVCache(KVCache):
         """Write keys/values (B, H, t, hd) at positions at (t,) for one application; return its whole length and
         the (t, max_len) mask of what each of the t positions may see: itself and every earlier position (made
         by position(), which gave at)."""
+        if at is not self.at:   # the mask is the latest position()'s: another forward's positions would misread it
+            raise ValueError("pass the positions engine.position() made for this forward, last (the mask is theirs)")
         k_slot, v_slot = self.k_slots[self.slots[slot]], self.v_slots[self.slots[slot]]
         k_slot.index_copy_(2, at, k.to(k_slot.dtype))
         v_slot.index_copy_(2, at, v.to(v_slot.dtype))
@@ -167,9 +169,9 @@ def position(cache, pos, t=1):
         return pos
     if pos + t > cache.max_len:
         raise ValueError(f"KV cache full: {pos} + {t} > {cache.max_len}")
-    at = cache.pos.fill_(pos) if t == 1 else pos + cache.steps[:t]   # a prefill or chunk: new tensors, once
-    cache.mask = torch.le(cache.steps, at[:, None], out=cache.mask1 if t == 1 else None)
-    return at
+    cache.at = cache.pos.fill_(pos) if t == 1 else pos + cache.steps[:t]   # a prefill or chunk: new tensors, once
+    cache.mask = torch.le(cache.steps, cache.at[:, None], out=cache.mask1 if t == 1 else None)
+    return cache.at
 
 
 @torch.no_grad()

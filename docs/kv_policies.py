@@ -18,7 +18,8 @@ exact decoding; and UniTF pre-norm likewise (read at 400 iterations only), as po
 
 The table's cached tok/s come from --speed, not from the readings: a reading times its decoding wherever it
 runs, often beside other runs, while --speed times every variant and policy in one process, one thread, in turns
-(so drift hits each alike), on a machine left to it. The work of a step does not depend on the weights, so each
+(so drift hits each alike), on a machine left to it, and only tokens that fit the block (a longer generation
+crops its context and recomputes each token in full). The work of a step does not depend on the weights, so each
 variant is timed with fresh weights of its runs' shape: no checkpoint needed.
 
 Checkpoints are not committed, so a run whose reading (kv.json beside its log) is missing is trained again
@@ -102,15 +103,17 @@ def read(out_dir):
 SPEED = os.path.join(sweep.ROOT, "docs", "logs", "kv_speed.json")
 
 
-def speed(reps=3, tokens=200, prompt=16):
+def speed(reps=5, tokens=None, prompt=16):
     """Cached greedy tok/s (batch 1, one thread) of each variant's shape under each of its policies: the median
     of reps timings of `tokens` tokens after a `prompt`-token prompt, every variant and policy timed once per
-    round. Written to SPEED (atomically)."""
+    round. Every token must be a cached step: past block_size, generate crops the context and computes each
+    token with a full forward, so tokens defaults to block_size - prompt, and more is refused. Written to SPEED
+    (atomically)."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        rows = timings(reps, tokens, prompt)
+        rows, tokens = timings(reps, tokens, prompt)
     finally:   # as it was: a caller's (a test's) later work keeps its threads
         torch.set_num_threads(threads)
     with open(SPEED + ".tmp", "w") as f:
@@ -129,6 +132,12 @@ def timings(reps, tokens, prompt):
         _, cmd = jobs_of(v, 400)[0]
         torch.manual_seed(0)
         models[v] = build_model(ModelConfig.from_settings(train_settings(cmd[2:]))).eval()
+    room = min(m.config.block_size for m in models.values()) - prompt
+    if tokens is None:
+        tokens = room
+    if tokens > room:
+        raise ValueError(f"{prompt} + {tokens} tokens outgrow block_size {room + prompt}: the tokens past it would "
+                         "each be a full forward, not a cached step")
     g = torch.Generator().manual_seed(0)
     x = {v: torch.randint(0, m.config.vocab_size, (1, prompt), generator=g) for v, m in models.items()}
     times = {(v, kv): [] for v, m in models.items() for kv in POLICIES[m.config.arch]}
@@ -140,7 +149,7 @@ def timings(reps, tokens, prompt):
                 if r:
                     times[v, kv].append(time.perf_counter() - t0)
             print(f"round {r}/{reps} timed", flush=True)
-    return {v: {kv: tokens / statistics.median(ts) for (w, kv), ts in times.items() if w == v} for v in models}
+    return {v: {kv: tokens / statistics.median(ts) for (w, kv), ts in times.items() if w == v} for v in models}, tokens
 
 
 def speeds():

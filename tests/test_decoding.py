@@ -75,6 +75,18 @@ def test_static_cache_decodes_as_the_cache(cfg, kv):
     assert (out[True][1] - out[False][1]).abs().max().item() < 1e-10 and out[True][1].abs().max() > 0
 
 
+def test_static_cache_refuses_positions_it_did_not_make_last():
+    """The mask a StaticKVCache's attention reads is the one the latest engine.position() made: a forward given
+    an earlier call's positions would read another forward's mask, so it is refused, not silently misread."""
+    m = make(tiny("hrm", N=1, T=2, K=1), scale=4.0).eval()
+    idx = torch.randint(0, V, (1, 16), generator=torch.Generator().manual_seed(5))
+    cache = engine.new_cache(m, 1, max_len=24, static=True)
+    first = engine.position(cache, 0, 8)
+    engine.position(cache, 8, 8)
+    with torch.no_grad(), pytest.raises(ValueError, match=r"positions engine.position\(\) made for this forward"):
+        m(idx[:, :8], cache=cache, pos=first)
+
+
 def test_static_cache_step_compiles_once_and_reads_nothing_back():
     """Compiled, the one-token step against a StaticKVCache is one graph for every position (a counting backend:
     no recompile as pos moves, no graph break) that reads nothing back to the host, and whose cache inputs, which

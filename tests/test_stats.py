@@ -144,6 +144,8 @@ def test_kv_speed_times_every_variant_and_policy_and_the_table_quotes_it(tmp_pat
     import kv_policies
     monkeypatch.setattr(kv_policies, "SPEED", str(tmp_path / "kv_speed.json"))
     kv_policies.speed(reps=1, tokens=2)
+    with pytest.raises(ValueError, match="outgrow block_size 128"):   # past it each token is a full forward
+        kv_policies.speed(reps=1, tokens=113)
     rows = json.loads((tmp_path / "kv_speed.json").read_text())["tok_s"]
     assert {v: sorted(r) for v, r in rows.items()} == \
         {v: sorted(kv_policies.POLICIES["hrm" if v.startswith("hrm") else "unitf"]) for v in kv_policies.VARIANTS}
