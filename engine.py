@@ -78,8 +78,8 @@ class KVCache:
 
 
 class StaticKVCache(KVCache):
-    """KVCache with fixed shapes, for CUDA graphs (compile's "reduce-overhead"; gpt-fast's decoding): pos is a
-    tensor on the device, so nothing in a step reads it on the host, and attention reads every slot's whole
+    """KVCache with fixed shapes, for CUDA graphs (compile's "reduce-overhead"; gpt-fast's decoding): the positions
+    are a tensor on the device (position()), so nothing in a step reads them on the host, and attention reads every slot's whole
     preallocated length with a mask where KVCache reads its written prefix. The same logits, up to the order
     of float sums over the masked length (tests/test_decoding.py)."""
 

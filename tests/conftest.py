@@ -17,16 +17,13 @@ import sys
 import time
 
 import pytest
+import torch
 
 # Under pytest-xdist (pytest.ini runs 2 workers, one per core of a 2-core machine) each worker and every process
 # it starts keep to one thread: two workers' OpenMP threads contending for 2 cores run 5-10x slower.
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["OMP_NUM_THREADS"] = "1"
-
-import torch  # noqa: E402  (after OMP_NUM_THREADS)
-
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"   # the processes it starts
+    torch.set_num_threads(1)              # this one
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
