@@ -10,6 +10,9 @@ The paper's HLRole analyses on a trained HRM checkpoint and real validation text
     are per token vector, averaged over tokens. Plus the mean output-fusion weights (w_H, w_L, w_I).
 Steps are numbered i = 1..M as in model.py (H fires when i % T == 0); the paper's table counts from 0.
 The statistics also say how far z_H moved from its prototype z_H0: ||z_H - z_H0|| / ||z_H0||.
+(Alive) Is the recurrence working? The learned injection scales alpha_L, alpha_H and the val CE cost of switching
+    the shared blocks off (alpha = 0, gates kept: each update keeps only g * z), the Fast block, the Slow block
+    and both. alpha near 0 and a cost near 0: the model computes with its input block and fusion alone.
 
     python analyze.py --out_dir=out-char-hrm --depth=0.5,1,2,4 [--json=depth.json]
 
@@ -136,6 +139,39 @@ def slow_module_frozen(model):
         yield
     finally:
         model.H_net.forward = real
+
+
+@contextmanager
+def blocks_off(model, modules=("L_net", "H_net")):
+    """The shared blocks of the named modules switched off: alpha = 0 in Eq. lgate, so z <- g * z (the gate runs,
+    the block's output is multiplied away). Restores each alpha after."""
+    mods = [getattr(model, n) for n in modules if getattr(model, n) is not None]
+    kept = [m.alpha.detach().clone() for m in mods]
+    try:
+        with torch.no_grad():
+            for m in mods:
+                m.alpha.zero_()
+        yield
+    finally:
+        with torch.no_grad():
+            for m, a in zip(mods, kept):
+                m.alpha.copy_(a)
+
+
+def alive(model, batches, device, ce):
+    """alpha_L, alpha_H, and the val CE cost of each shared block off and of both (None: no Slow module)."""
+    slow = model.H_net is not None
+    r = {"alpha_L": model.L_net.alpha.item(), "alpha_H": model.H_net.alpha.item() if slow else None}
+    for key, mods in (("off_L", ("L_net",)), ("off_H", ("H_net",)), ("off_both", ("L_net", "H_net"))):
+        with blocks_off(model, mods):
+            r[key] = val_ce(model, batches, device) - ce if slow or key != "off_H" else None
+    return r
+
+
+def alive_text(r):
+    f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    return (f"alpha_L {f(r['alpha_L'], '.3f')}, alpha_H {f(r['alpha_H'], '.3f')}; val CE with the Fast block off "
+            f"{f(r['off_L'], '+.4f')}, the Slow block off {f(r['off_H'], '+.4f')}, both off {f(r['off_both'], '+.4f')}")
 
 
 @torch.no_grad()
@@ -282,6 +318,7 @@ def main(argv=None):
     with slow_module_frozen(model):
         ce_frozen = val_ce(model, batches, args.device)
     rows, fusion = step_stats(model, batches, args.device)
+    live = alive(model, batches, args.device, ce)
 
     name = f"HRM N={c.N}, T={c.T}, K={c.K}, S={c.S}, d={c.n_embd} ({os.path.basename(os.path.normpath(args.out_dir))})"
     n_tok = args.batches * args.batch_size * c.block_size
@@ -289,6 +326,7 @@ def main(argv=None):
           f"{c.block_size} tokens ({n_tok} tokens)\n")
     print("| model | CE (normal) | CE (H frozen) | ΔCE |\n|---|---|---|---|")
     print(f"| {name} | {ce:.3f} | {ce_frozen:.3f} | {ce_frozen - ce:+.3f} |\n")
+    print(f"## Is the recurrence alive? (shared block off: its alpha = 0, the gates kept)\n\n{alive_text(live)}\n")
     print(f"## HLRole(B-C): step statistics, first pass (i = 1..{c.M}; H fires when i % {c.T} == 0)\n")
     print("| step | H? | gate | ‖z_L‖ | ‖z_H‖ before | ‖z_H‖ after | cos(z_H, z_L) | ‖z_H - z_H0‖/‖z_H0‖ |\n"
           "|---|---|---|---|---|---|---|---|")
@@ -300,7 +338,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"model": name, "model_args": ck["model_args"], "iter": ck["iter_num"], "tokens": n_tok,
                        "ce": ce, "ce_h_frozen": ce_frozen, "delta_ce": ce_frozen - ce, "steps": rows,
-                       "fusion": fusion}, f, indent=1)
+                       "fusion": fusion, "alive": live}, f, indent=1)
         print(f"wrote {args.json}")
 
 

@@ -189,8 +189,9 @@ def check_train_settings(config, ddp):
     least = dict(batch_size=1, max_iters=0, eval_iters=1, eval_interval=1, log_interval=1, max_nonfinite=1,
                  min_lr=0, weight_decay=0, grad_clip=0, warmup_iters=0, lr_decay_iters=0, seed=0, vocab_size=0)
     errors += [f"{k} must be >= {v}, got {config[k]}" for k, v in least.items() if config[k] < v]
-    if not config["learning_rate"] > 0:
-        errors.append(f"learning_rate must be > 0, got {config['learning_rate']}")
+    for k in ("learning_rate", "scalar_lr_mult"):
+        if not config[k] > 0:
+            errors.append(f"{k} must be > 0, got {config[k]}")
     errors += [f"{k} must be in [0, 1), got {config[k]}" for k in ("beta1", "beta2") if not 0 <= config[k] < 1]
     if config["decay_lr"] and config["min_lr"] > config["learning_rate"] > 0:
         errors.append(f"min_lr={config['min_lr']:g} is above learning_rate={config['learning_rate']:g}: the cosine "
@@ -230,6 +231,9 @@ def train_setting_notes(c):
                      f"only at iterations 0 and {its}; a crash before the end loses the run")
     if its > 0 and not c["eval_only"] and c["log_interval"] > its:
         notes.append(f"log_interval={c['log_interval']} > max_iters={its}: no progress line will be printed")
+    if c["scalar_lr_mult"] != 1 and c["arch"] != "hrm":
+        notes.append(f"scalar_lr_mult={c['scalar_lr_mult']:g} sets the lr of HRM's alpha and tau; arch={c['arch']!r} "
+                     f"has no such scalars, so it changes nothing")
     if c["init_from"] == "resume" and c["overwrite"]:
         notes.append("overwrite=True does nothing with init_from=resume: the run in out_dir is resumed, nothing "
                      "deleted (to start over, leave out init_from)")
@@ -239,8 +243,9 @@ def train_setting_notes(c):
 # --- model.py's ModelConfig: its ranges (bookkeeping, not the paper). Every error names its field. ---------
 
 ARCHS = ("hrm", "transformer", "unitf")
-UNUSED = {"hrm": ("n_layer", "unitf_init_c", "out_proj"), "transformer": ("N", "T", "M", "K", "S", "ent_lambda", "unitf_init_c"),
-          "unitf": ("n_layer", "N", "T", "S", "ent_lambda")}   # the fields each arch has no use for
+UNUSED = {"hrm": ("n_layer", "unitf_init_c", "out_proj"),
+          "transformer": ("N", "T", "M", "K", "S", "ent_lambda", "unitf_init_c", "learn_alpha"),
+          "unitf": ("n_layer", "N", "T", "S", "ent_lambda", "learn_alpha")}   # the fields each arch has no use for
 
 
 def check_model_config(c):
@@ -267,8 +272,9 @@ def check_model_config(c):
         bad("M", f"must be an integer >= 1, got {c.M!r}")
     if c.norm not in ("post", "pre"):
         bad("norm", f"must be 'post' (the paper) or 'pre', got {c.norm!r}")
-    if not isinstance(c.out_proj, bool):
-        bad("out_proj", f"must be True or False, got {c.out_proj!r}")
+    for f in ("out_proj", "learn_alpha"):
+        if not isinstance(getattr(c, f), bool):
+            bad(f, f"must be True or False, got {getattr(c, f)!r}")
     if c.fast_only and c.arch != "hrm":
         bad("fast_only", f"is an HRM control; arch={c.arch!r} has no Slow module to remove")
     if not is_int(c.K_slow, 0):

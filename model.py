@@ -18,7 +18,7 @@ docs/MODEL.md, which maps every equation to the code below and says how we resol
 The paper sizes the KV cache (Eq. kv_hrm) but never built cached decoding: engine.py does, and each
 attention here takes the cache, its application's slot and the position of its first token (pos).
 Options beyond the paper (docs/MODEL.md section 8), each a ModelConfig field whose default is the paper:
-norm, fast_only, K_slow, grad_ckpt, fast_attn_steps. Chunked BPTT is S = M/C passes of C steps, K = C.
+norm, fast_only, K_slow, grad_ckpt, fast_attn_steps, learn_alpha. Chunked BPTT is S = M/C passes of C steps, K = C.
 set_depth runs the same weights at another depth (train.py's random_depth).
 """
 
@@ -56,6 +56,7 @@ class ModelConfig:
     grad_ckpt: bool = False    # hrm/unitf: steps with gradient are recomputed in backward (same gradients, flat memory)
     fast_attn_steps: Optional[int] = None  # hrm: how many Fast steps attend (None: all M; 0: position-wise, RNN-style)
     out_proj: bool = False     # transformer/unitf: HRM's untied d x d matrix before the tied logits (a control)
+    learn_alpha: bool = True   # hrm: False holds alpha_L, alpha_H at 0.1 (a buffer): a remedy for their collapse
 
     def __post_init__(self):
         check_model_config(self)   # configurator.py: the ranges, each error naming its field
@@ -275,14 +276,16 @@ class LanguageModel(nn.Module):
 class GatedModule(nn.Module):
     """One gated recurrent update: the Fast module (n_in=3) or the Slow module (n_in=2)."""
 
-    def __init__(self, d, n_head, n_in, norm="post", attn=True):
+    def __init__(self, d, n_head, n_in, norm="post", attn=True, learn_alpha=True):
         super().__init__()
         self.norm = RMSNorm(n_in * d)
         self.gate = nn.Linear(n_in * d, d, bias=False)      # W_g
         self.proj_in = nn.Linear(n_in * d, d, bias=False)   # W_in
         self.block = CausalAttnBlock(d, n_head, norm, attn)  # theta_L or theta_H, shared over steps
         self.proj_out = nn.Linear(d, d, bias=False)         # W_out
-        self.alpha = nn.Parameter(torch.tensor(0.1))        # injection scale, learned
+        # injection scale, learned (the paper); learn_alpha=False holds it at 0.1 (docs/MODEL.md section 8)
+        alpha = torch.tensor(0.1)
+        self.register_parameter("alpha", nn.Parameter(alpha)) if learn_alpha else self.register_buffer("alpha", alpha)
 
     def forward(self, z, context, rope, pos=0, cache=None, slot=0, attend=True):
         """z: the state this module updates; context: [z; other sources] along the last dim."""
@@ -295,8 +298,8 @@ class GatedModule(nn.Module):
 class FastModule(GatedModule):
     """L_net: runs every step; context [z_L; z_H; x~] (Eq. concat)."""
 
-    def __init__(self, d, n_head, norm="post", attn=True):
-        super().__init__(d, n_head, n_in=3, norm=norm, attn=attn)
+    def __init__(self, d, n_head, norm="post", attn=True, learn_alpha=True):
+        super().__init__(d, n_head, n_in=3, norm=norm, attn=attn, learn_alpha=learn_alpha)
 
     def forward(self, z_L, z_H, x_tilde, rope, pos=0, cache=None, slot=0, attend=True):
         return super().forward(z_L, (z_L, z_H, x_tilde), rope, pos, cache, slot, attend)
@@ -305,8 +308,8 @@ class FastModule(GatedModule):
 class SlowModule(GatedModule):
     """H_net: fires when i % T == 0; context [z_H; z_L] with the z_L just computed."""
 
-    def __init__(self, d, n_head, norm="post"):
-        super().__init__(d, n_head, n_in=2, norm=norm)
+    def __init__(self, d, n_head, norm="post", learn_alpha=True):
+        super().__init__(d, n_head, n_in=2, norm=norm, learn_alpha=learn_alpha)
 
     def forward(self, z_H, z_L, rope, pos=0, cache=None, slot=0):
         return super().forward(z_H, (z_H, z_L), rope, pos, cache, slot)
@@ -355,10 +358,10 @@ class HRM(LanguageModel):
         super().__init__(config)
         d, n_head, norm = config.n_embd, config.n_head, config.norm
         self.input_block = CausalAttnBlock(d, n_head, norm)   # theta_I, applied once ("Input Encoding")
-        self.L_net = FastModule(d, n_head, norm, attn=config.fast_attn_steps != 0)  # theta_L, every step
+        self.L_net = FastModule(d, n_head, norm, config.fast_attn_steps != 0, config.learn_alpha)  # theta_L, every step
         # theta_H, every T steps; the fast_only control has none, and z_H stays z_H0. The output
         # fusion normalises each of its inputs, so HRM needs no final norm (norm_f) under norm="pre".
-        self.H_net = None if config.fast_only else SlowModule(d, n_head, norm)
+        self.H_net = None if config.fast_only else SlowModule(d, n_head, norm, config.learn_alpha)
         self.fusion = OutputFusion(d)
         # "State Initialization": fixed prototypes z^0 ~ TN(0, 1; [-2, 2]) in R^d, buffers: saved, never trained
         self.register_buffer("z_H0", torch.empty(d))

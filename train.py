@@ -87,11 +87,13 @@ K_slow = 0                   # hrm: the last K_slow Slow firings also carry grad
 grad_ckpt = False            # hrm/unitf: recompute the steps with gradient in backward (same gradients, flat memory)
 fast_attn_steps = None       # hrm: Fast steps that attend (None = all M, the paper; 0 = position-wise, RNN-style)
 out_proj = False             # transformer/unitf: HRM's untied d x d matrix before the tied logits (a control)
+learn_alpha = True           # hrm: False holds alpha_L, alpha_H at 0.1 (a remedy for their collapse, not the paper)
 # optimiser: AdamW, betas (0.9, 0.95), weight decay on matrices only (docs/MODEL.md section 6)
 learning_rate = 1.5e-4       # peak learning rate (the paper's Ablation base)
 min_lr = 1.5e-5              # cosine floor (learning_rate / 10; a config that changes learning_rate sets it too)
 max_iters = 10000            # total iterations (the paper's 10k)
 weight_decay = 0.1           # on 2-D parameters
+scalar_lr_mult = 1.0         # hrm: alpha_L, alpha_H and tau learn at this multiple of the lr (1 = the paper; a remedy)
 beta1 = 0.9                  # AdamW first-moment decay
 beta2 = 0.95                 # AdamW second-moment decay
 grad_clip = 1.0              # clip norm; HRM/UniTF use grad_clip * K / M (0 = off)
@@ -139,11 +141,14 @@ model = build_model(model_config)
 errors = run.load_weights(model)   # a single-file checkpoint's weights, before the model is moved and sharded
 model.to(device)
 params = parallel.fully_shard_model(model) if fsdp else list(model.parameters())   # FSDP2: all state sharded
-decay = [p for p in params if p.dim() >= 2]      # matrices and the embedding
-no_decay = [p for p in params if p.dim() < 2]    # norms, alpha, tau
+# AdamW groups: matrices and the embedding (decayed); norms (and alpha, tau); with scalar_lr_mult != 1, alpha and
+# tau (one element each, also under FSDP) on their own, at that multiple of the lr
+scalars = [p for p in params if p.numel() == 1] if scalar_lr_mult != 1 else []
+groups = [[p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2 and not any(p is q for q in scalars)]]
 optimizer = torch.optim.AdamW(
-    [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+    [{"params": ps, "weight_decay": wd} for ps, wd in zip(groups + [scalars] * bool(scalars), (weight_decay, 0.0, 0.0))],
     lr=learning_rate, betas=(beta1, beta2), fused=device_type == "cuda")
+lr_mults = (1.0, 1.0, scalar_lr_mult)   # each group's lr: the schedule's, times this
 run.restore(model, optimizer, errors)   # AdamW's state and the counters to resume; every rank stops on an error
 # No RNG state is saved: after the initialisation nothing draws from a global generator (no dropout; each
 # batch comes from its own generator), so a resume is exact without it.
@@ -214,6 +219,18 @@ def estimate_loss(stop):
     return out
 
 
+def injection_scales():
+    """HRM's alpha_L and alpha_H, logged at every evaluation: near 0, a shared block adds nothing to its state and
+    the recurrence is off (analyze.py measures what switching each block off costs; docs/RESULTS.md section 10).
+    Every rank calls it: under FSDP each alpha is a sharded 1-element vector (parallel._Scalar), gathered here."""
+    out = {}
+    for key, m in (("alpha_L", getattr(raw_model, "L_net", None)), ("alpha_H", getattr(raw_model, "H_net", None))):
+        if m is not None:
+            a = m.parametrizations.alpha.original if hasattr(m, "parametrizations") else m.alpha
+            out[key] = (a.full_tensor() if hasattr(a, "full_tensor") else a).sum().item()
+    return out
+
+
 def evaluate(lr, grad_norm, t_start, stop):
     """Evaluate, log (log.jsonl, wandb) and checkpoint at run.iter_num: ckpt.pt when val improves on the best
     so far, ckpt_last.pt always. Every rank keeps the same best (the losses are global means) and takes part in
@@ -226,10 +243,11 @@ def evaluate(lr, grad_norm, t_start, stop):
     log(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} ({time.time() - t_eval:.1f} s)")
     if eval_only:
         return
+    scales = injection_scales()
     if master:   # the log line first: trim_log() undoes it if no save follows
         row = {"iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "lr": lr,
                "grad_norm": grad_norm if math.isfinite(grad_norm) else None, "time_s": round(time.time() - t_start, 3),
-               "tokens": it * tokens_per_iter, "skipped": run.skipped_total}
+               "tokens": it * tokens_per_iter, "skipped": run.skipped_total, **scales}
         append_log(out_dir, row)
         if run.wandb:
             run.wandb.log(row, step=it)
@@ -254,8 +272,8 @@ start_iter, t_start = run.iter_num, time.time()
 t0, t0_iter, last_grad_norm, bad_in_row = time.time(), run.iter_num, float("nan"), 0   # t0: the last progress line
 while True:  # Loop 1
     lr = get_lr(run.iter_num)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    for group, mult in zip(optimizer.param_groups, lr_mults):
+        group["lr"] = lr * mult
     # the iteration a resumed run starts at was evaluated before the stop, unless a signal stopped that evaluation
     resumed_here = run.resume and run.iter_num == start_iter and not eval_only and not run.eval_pending
     if (run.iter_num % eval_interval == 0 or run.iter_num == max_iters) and not resumed_here:

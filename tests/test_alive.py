@@ -1,0 +1,110 @@
+"""Is HRM's recurrence alive? alpha_L and alpha_H in every HRM log, analyze.py's blocks-off costs, and the two
+remedies for a collapsing alpha (learn_alpha=False, scalar_lr_mult), off by default (docs/RESULTS.md section 10)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import HRM, char_tiny, raw_log, run_train
+
+
+def test_learn_alpha_false_holds_alpha_as_a_buffer():
+    from model import ModelConfig, build_model
+    c = dict(vocab_size=50, block_size=16, n_embd=16, n_head=2, N=2, T=2)
+    paper, fixed = build_model(ModelConfig(**c)), build_model(ModelConfig(**c, learn_alpha=False))
+    names = {n for n, _ in paper.named_parameters()}
+    assert {"L_net.alpha", "H_net.alpha", "fusion.tau"} <= names
+    assert names - {n for n, _ in fixed.named_parameters()} == {"L_net.alpha", "H_net.alpha"}
+    assert fixed.state_dict().keys() == paper.state_dict().keys()   # the same checkpoint keys, either way
+    assert fixed.L_net.alpha.item() == fixed.H_net.alpha.item() == pytest.approx(0.1)
+    for arch in ("transformer", "unitf"):
+        with pytest.raises(ValueError, match=f"ModelConfig.learn_alpha: arch='{arch}' does not use learn_alpha"):
+            ModelConfig(arch=arch, learn_alpha=False)
+    with pytest.raises(ValueError, match="ModelConfig.learn_alpha: must be True or False"):
+        ModelConfig(learn_alpha=0)
+
+
+@pytest.fixture(scope="module")
+def steps(data_dir, tmp_path_factory):
+    """One AdamW step at a constant lr 1e-2 for the paper's setting, scalar_lr_mult=0.1 and learn_alpha=False."""
+    root, out = tmp_path_factory.mktemp("alive"), {}
+    for name, extra in (("paper", []), ("mult", ["--scalar_lr_mult=0.1"]), ("fixed", ["--learn_alpha=False"])):
+        out[name] = str(root / name)
+        run_train(HRM + ["--max_iters=1", "--eval_interval=1", "--decay_lr=False", "--learning_rate=1e-2", *extra],
+                  data_dir, out[name])
+    return out
+
+
+def state(out_dir):
+    return torch.load(os.path.join(out_dir, "ckpt_last.pt"), map_location="cpu", weights_only=True)["model"]
+
+
+def test_log_carries_both_alphas_at_every_evaluation(steps):
+    for name in steps:
+        rows, sd = raw_log(steps[name]), state(steps[name])
+        assert [r["iter"] for r in rows] == [0, 1]
+        assert rows[0]["alpha_L"] == rows[0]["alpha_H"] == pytest.approx(0.1)
+        assert rows[1]["alpha_L"] == sd["L_net.alpha"].item() and rows[1]["alpha_H"] == sd["H_net.alpha"].item()
+    assert raw_log(steps["fixed"])[1]["alpha_L"] == raw_log(steps["fixed"])[1]["alpha_H"] == pytest.approx(0.1)
+
+
+def test_scalar_lr_mult_scales_only_alpha_and_tau(steps):
+    """AdamW's first step moves every parameter by lr * g / (|g| + eps), i.e. by its group's lr: 1e-2 for the
+    norms in every run, 1e-3 for alpha_L, alpha_H and tau under scalar_lr_mult=0.1, 1e-2 in the paper's."""
+    init = {"L_net.alpha": 0.1, "H_net.alpha": 0.1, "fusion.tau": 1.0}
+    for name, lr in (("paper", 1e-2), ("mult", 1e-3)):
+        sd = state(steps[name])
+        for key, v0 in init.items():
+            assert abs(sd[key].item() - v0) == pytest.approx(lr, rel=1e-3), (name, key)
+        moved = (sd["fusion.norm_H.weight"] - 1).abs()   # initialised at 1, no weight decay
+        assert moved.max().item() == pytest.approx(1e-2, rel=1e-3), name
+    fixed = state(steps["fixed"])
+    assert fixed["L_net.alpha"].item() == fixed["H_net.alpha"].item() == pytest.approx(0.1)
+    assert abs(fixed["fusion.tau"].item() - 1.0) == pytest.approx(1e-2, rel=1e-3)   # tau still learns
+
+
+def test_scalar_lr_mult_on_a_baseline_is_a_note_and_nonpositive_is_refused(data_dir, tmp_path):
+    p = run_train(["--arch=transformer", "--n_layer=1", "--max_iters=0", "--scalar_lr_mult=0.5"], data_dir,
+                  str(tmp_path / "tf"))
+    assert "note: scalar_lr_mult=0.5 sets the lr of HRM's alpha and tau; arch='transformer' has no such" in p.stdout
+    p = run_train(["--scalar_lr_mult=0"], data_dir, str(tmp_path / "zero"), check=False)
+    assert p.returncode == 2 and "scalar_lr_mult must be > 0, got 0" in p.stderr
+
+
+def test_blocks_off_costs(steps, data_dir, tmp_path, capsys):
+    """analyze.py's readings against an independent computation: the checkpoint's alphas zeroed in its state
+    dict and a fresh model built from it (each block off, and both)."""
+    import analyze
+    from checkpoint import load_checkpoint, model_from_checkpoint
+    out = tmp_path / "a.json"
+    analyze.main([f"--out_dir={steps['paper']}", "--ckpt=ckpt_last.pt", f"--data_dir={data_dir}", "--batches=2",
+                  f"--json={out}"])
+    text = capsys.readouterr().out
+    r = json.loads(out.read_text())["alive"]
+    assert r["alpha_L"] == raw_log(steps["paper"])[1]["alpha_L"] and r["alpha_H"] == raw_log(steps["paper"])[1]["alpha_H"]
+    assert f"alpha_L {r['alpha_L']:.3f}, alpha_H {r['alpha_H']:.3f}" in text and "both off" in text
+
+    ck = load_checkpoint(os.path.join(steps["paper"], "ckpt_last.pt"))
+    batches = analyze.val_batches(ck, data_dir, 2, 1, ck["model_args"]["block_size"])
+    ce = analyze.val_ce(model_from_checkpoint(ck).eval(), batches, "cpu")
+    for key, zeroed in (("off_L", ["L_net.alpha"]), ("off_H", ["H_net.alpha"]), ("off_both", ["L_net.alpha", "H_net.alpha"])):
+        sd = dict(ck["model"], **{k: torch.zeros(()) for k in zeroed})
+        off = analyze.val_ce(model_from_checkpoint(dict(ck, model=sd)).eval(), batches, "cpu")
+        assert r[key] == pytest.approx(off - ce, abs=1e-7), key
+        assert abs(off - ce) > 1e-5, key   # the blocks do something after one step (else this test tests nothing)
+    model, _ = analyze.load(steps["paper"], "ckpt_last.pt", "cpu")
+    before = (model.L_net.alpha.item(), model.H_net.alpha.item())
+    with analyze.blocks_off(model):
+        assert model.L_net.alpha.item() == model.H_net.alpha.item() == 0
+    assert (model.L_net.alpha.item(), model.H_net.alpha.item()) == before   # restored
+
+
+def test_fast_only_has_no_slow_block_to_switch_off(data_dir, tmp_path, capsys):
+    import analyze
+    out = str(tmp_path / "fo")
+    run_train(HRM + ["--fast_only=True", "--max_iters=1", "--eval_interval=1"], data_dir, out)
+    assert "alpha_H" not in raw_log(out)[-1] and "alpha_L" in raw_log(out)[-1]
+    analyze.main([f"--out_dir={out}", "--ckpt=ckpt_last.pt", f"--data_dir={data_dir}", "--batches=1"])
+    assert "alpha_H -" in capsys.readouterr().out
