@@ -95,12 +95,12 @@ def kv_table(model, batches, device, policies, n_greedy=200, prompt=16):
     decoding's, position by position), the cache bytes per token, and cached greedy tok/s (batch 1)."""
     prompts = [x[:1, :prompt].to(device) for x, _ in batches]
     with torch.no_grad():
-        exact = [model.generate(p, n_greedy, temperature=0)[0, prompt:] for p in prompts]
+        exact = [engine.generate(model, p, n_greedy, temperature=0)[0, prompt:] for p in prompts]
     rows = []
     for kv in policies:
         t0 = time.perf_counter()
         with torch.no_grad():
-            greedy = [model.generate(p, n_greedy, temperature=0, kv=kv)[0, prompt:] for p in prompts]
+            greedy = [engine.generate(model, p, n_greedy, temperature=0, kv=kv)[0, prompt:] for p in prompts]
         tok_s = n_greedy * len(prompts) / (time.perf_counter() - t0)
         rows.append({"kv": kv, "ce": decode_ce(model, batches, device, kv),
                      "greedy_agree": float(np.mean([(a == b).float().mean().item() for a, b in zip(greedy, exact)])),

@@ -169,7 +169,7 @@ def measure_inference(model, cfg, p, device, dtype, g, compile_forward, kv="full
         out["peak_mem_mb"] = peak_mb(device)
     for use_cache, key in ((False, "gen_tok_s_recompute"), (True, "gen_tok_s_cached")):
         def gen(n=GEN):
-            return model.generate(prompt, n, temperature=0, use_cache=use_cache, kv=kv if use_cache else "full")
+            return engine.generate(model, prompt, n, temperature=0, use_cache=use_cache, kv=kv if use_cache else "full")
         out[key] = GEN / timed(gen, device, p["gen_reps"], warmup=lambda: gen(8))
     out["gen_speedup"] = out["gen_tok_s_cached"] / out["gen_tok_s_recompute"]
     out["decode_matvec_ms"] = floor * 1000

@@ -1,7 +1,7 @@
 """
 The tiny configurator of train.py and sample.py (nanoGPT's, made strict), the one reader of their
 settings blocks (read_settings: the defaults and comments, without running the script), and the checks of
-those settings, model.py's ModelConfig ranges among them (check_model_config).
+those settings (model.py's ModelConfig checks its own fields).
 
     python train.py config/X.py --batch_size=4 --compile=False
 
@@ -240,54 +240,7 @@ def train_setting_notes(c):
     return [f"note: {n}" for n in notes]
 
 
-# --- model.py's ModelConfig: its ranges (bookkeeping, not the paper). Every error names its field. ---------
-
-ARCHS = ("hrm", "transformer", "unitf")
-UNUSED = {"hrm": ("n_layer", "unitf_init_c", "out_proj"),
-          "transformer": ("N", "T", "M", "K", "S", "ent_lambda", "unitf_init_c", "learn_alpha"),
-          "unitf": ("n_layer", "N", "T", "S", "ent_lambda", "learn_alpha")}   # the fields each arch has no use for
-
-
-def check_model_config(c):
-    """Fill in M (HRM: N*T; UniTF: 12 unless given) and refuse what no model can be built from."""
-    def bad(field, why):
-        raise ValueError(f"ModelConfig.{field}: {why}")
-    is_int = lambda v, least: isinstance(v, int) and not isinstance(v, bool) and v >= least  # noqa: E731
-    if c.arch not in ARCHS:
-        bad("arch", f"unknown arch {c.arch!r}, expected one of {ARCHS}")
-    for f in ("vocab_size", "block_size", "n_embd", "n_head", "n_layer", "N", "T", "K", "S"):
-        if not is_int(getattr(c, f), 1):
-            bad(f, f"must be an integer >= 1, got {getattr(c, f)!r}")
-    if c.n_embd % c.n_head:
-        bad("n_embd", f"n_embd={c.n_embd} is not divisible by n_head={c.n_head}")
-    if (c.n_embd // c.n_head) % 2:
-        bad("n_head", f"head_dim={c.n_embd // c.n_head} must be even for RoPE")
-    if c.arch == "hrm" and c.M not in (None, c.N * c.T):
-        bad("M", f"for hrm M is N*T={c.N * c.T}; got M={c.M} (leave it None)")
-    for f in UNUSED[c.arch]:   # set away from its default, such a field would be silently ignored
-        if getattr(c, f) != getattr(type(c), f):
-            bad(f, f"arch={c.arch!r} does not use {f}; leave it at its default {getattr(type(c), f)!r}")
-    c.M = c.N * c.T if c.arch == "hrm" else 12 if c.M is None else c.M
-    if not is_int(c.M, 1):
-        bad("M", f"must be an integer >= 1, got {c.M!r}")
-    if c.norm not in ("post", "pre"):
-        bad("norm", f"must be 'post' (the paper) or 'pre', got {c.norm!r}")
-    for f in ("out_proj", "learn_alpha"):
-        if not isinstance(getattr(c, f), bool):
-            bad(f, f"must be True or False, got {getattr(c, f)!r}")
-    if c.fast_only and c.arch != "hrm":
-        bad("fast_only", f"is an HRM control; arch={c.arch!r} has no Slow module to remove")
-    if not is_int(c.K_slow, 0):
-        bad("K_slow", f"must be an integer >= 0 (0 = the paper), got {c.K_slow!r}")
-    if c.K_slow and (c.arch != "hrm" or c.fast_only):
-        bad("K_slow", f"needs a Slow module (arch='hrm', fast_only=False); got arch={c.arch!r}")
-    if not isinstance(c.grad_ckpt, bool) or (c.grad_ckpt and c.arch == "transformer"):
-        bad("grad_ckpt", f"must be True or False, and is for the recurrent archs hrm/unitf; got {c.grad_ckpt!r}")
-    k = c.fast_attn_steps
-    if k is not None and (c.arch != "hrm" or not is_int(k, 0) or k > c.M):
-        bad("fast_attn_steps", f"is None (all M steps attend) or an integer 0..M={c.M} for arch='hrm'; "
-                               f"got {k!r} with arch={c.arch!r}")
-    if not (math.isfinite(c.ent_lambda) and c.ent_lambda >= 0):
-        bad("ent_lambda", f"must be finite and >= 0, got {c.ent_lambda}")
-    if not (math.isfinite(c.unitf_init_c) and c.unitf_init_c > 0):
-        bad("unitf_init_c", f"must be finite and > 0, got {c.unitf_init_c}")
+def model_config(settings):
+    """The model.ModelConfig in a dict of train.py settings: every field is a setting of the same name."""
+    from model import MODEL_FIELDS, ModelConfig
+    return ModelConfig(**{f: settings[f] for f in MODEL_FIELDS})

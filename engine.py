@@ -3,9 +3,10 @@ Cached decoding (docs/MODEL.md section 5), which the paper sizes (Eq. kv_hrm) bu
 KV cache and the sampling loop, in the manner of nanochat's engine.py and gpt-fast (positions passed explicitly).
 
 A shared block sees a different input at every step, so every block *application* keeps its own keys and
-values: 1 + S M + S N slots for HRM, L for the Transformer, M for UniTF. Each model numbers its
-applications (model.py: n_cache_apps, HRM.fast_cache_slot, HRM.slow_cache_slot) and its attention writes
-the slot it is given at the position it is given, pos (CausalSelfAttention.forward): the caller says where
+values: 1 + S M + S N slots for HRM, L for the Transformer, M for UniTF. Each model names the application its
+attention runs in (model.py: the layer l, UniTF's step i - 1, HRM's ("I",), ("L", s, i), ("H", s, j);
+applications() lists them) and the attention writes that slot at the position it is given, pos
+(CausalSelfAttention.forward): the caller says where
 its tokens are, model(idx, cache=cache, pos=pos), and nothing in the cache counts them. Since each step's
 attention reads only the same step's keys at earlier positions, cached logits equal the full forward's.
 """
@@ -24,12 +25,29 @@ KV_POLICIES = {
 }
 
 
+def applications(model):
+    """Every attending block application of one forward, in their numbered order, by the name the model's forward
+    gives its cache slot: the input block, each pass's attending Fast steps, each pass's Slow firings for HRM
+    (1 + S k + S N, Eq. kv_hrm, k = M attending Fast steps in the paper), the L layers, UniTF's M steps."""
+    c = model.config
+    if c.arch != "hrm":
+        return list(range(c.n_layer if c.arch == "transformer" else c.M))
+    slow = [] if c.fast_only else [("H", s, j) for s in range(c.S) for j in range(1, c.N + 1)]
+    return [("I",)] + [("L", s, i) for s in range(c.S) for i in model.attending] + slow
+
+
+def n_cache_apps(model):
+    """How many attending block applications one forward makes (the exact cache's slots)."""
+    return len(applications(model))
+
+
 def cache_slots(model, kv="full"):
-    """The storage slot of each block application (model.py numbers them 0..n_cache_apps()-1) under policy
-    kv: a list, slots numbered from 0 in order of first use. ValueError where the policy does not apply."""
+    """The storage slot of each block application (in applications()' order) under policy kv: a list, slots
+    numbered from 0 in order of first use. ValueError where the policy does not apply."""
     if kv not in KV_POLICIES:
         raise ValueError(f"--kv={kv!r}: choose from {', '.join(KV_POLICIES)}")
-    n, arch = model.n_cache_apps(), model.config.arch
+    apps, arch = applications(model), model.config.arch
+    n = len(apps)
     if kv == "full":
         return list(range(n))
     if arch == "transformer" or (kv == "fired" and arch != "hrm"):
@@ -38,40 +56,35 @@ def cache_slots(model, kv="full"):
                          f"{'its blocks have their own weights' if arch == 'transformer' else 'it has no Slow firings'}")
     if arch == "unitf":
         return [0] * n
-    c, key = model.config, [None] * n   # HRM: a key per application, then keys numbered in order
-    key[0] = "input"
-    for s in range(c.S):
-        for i in range(1, c.M + 1):
-            if model.fast_cache_slot(s, i) is not None:
-                key[model.fast_cache_slot(s, i)] = "fast" if kv == "last" else ("fast", (i - 1) // c.T)
-        for j in range(1, c.N + 1):
-            if not c.fast_only:
-                key[model.slow_cache_slot(s, j)] = "slow"
+    # HRM: a key per application (under fired, a Fast step's is its Slow period), then keys numbered in order
+    key = [("L", (a[2] - 1) // model.config.T) if a[0] == "L" and kv == "fired" else a[0] for a in apps]
     order = list(dict.fromkeys(key))
     return [order.index(k) for k in key]
 
 
 class KVCache:
-    """Preallocated keys and values: application number `slot` writes and reads storage slot slots[slot]
-    (cache_slots: one each under the exact policy, shared under the others), position by position."""
+    """Preallocated keys and values: the application named `slot` writes and reads storage slot slots[slot]
+    ({application: slot}, cache_slots: one each under the exact policy, shared under the others), position by
+    position."""
 
     def __init__(self, slots, batch_size, n_head, max_len, head_dim, device, dtype):
         self.slots = slots
-        shape = (max(slots) + 1, batch_size, n_head, max_len, head_dim)
+        shape = (max(slots.values()) + 1, batch_size, n_head, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)  # views, made once: decoding is op-bound
         self.max_len = max_len
 
     def update(self, slot, pos, k, v):
-        """Write keys/values (B, H, t, hd) of positions pos..pos+t for one application, return its 0..pos+t."""
+        """Write keys/values (B, H, t, hd) of positions pos..pos+t for one application; return what attention reads
+        (attend): at pos 0 the new ones themselves, else its positions 0..pos+t, in the new ones' dtype."""
         t = k.size(2)
         if pos + t > self.max_len:
             raise ValueError(f"KV cache full: {pos} + {t} > {self.max_len}")
         k_slot, v_slot = self.k_slots[self.slots[slot]], self.v_slots[self.slots[slot]]
         k_slot.narrow(2, pos, t).copy_(k)  # copy_ converts to the cache's dtype
         v_slot.narrow(2, pos, t).copy_(v)
-        return k_slot.narrow(2, 0, pos + t), v_slot.narrow(2, 0, pos + t)
+        return attend(k_slot.narrow(2, 0, pos + t), v_slot.narrow(2, 0, pos + t), pos, k, v)
 
     def nbytes(self):
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
@@ -106,7 +119,7 @@ class StaticKVCache(KVCache):
         k_slot, v_slot = self.k_slots[self.slots[slot]], self.v_slots[self.slots[slot]]
         k_slot.index_copy_(2, at, k.to(k_slot.dtype))
         v_slot.index_copy_(2, at, v.to(v_slot.dtype))
-        return k_slot, v_slot, self.mask
+        return k_slot.to(k.dtype), v_slot.to(k.dtype), self.mask
 
 
 class GrowingCache:
@@ -120,11 +133,23 @@ class GrowingCache:
         self.slots, self.k, self.v = slots, {}, {}
 
     def update(self, slot, pos, k, v):
-        s = self.slots[slot]
+        s, new_k, new_v = self.slots[slot], k, v
         if pos:   # positions 0..pos-1 as last written; the new ones replace whatever stood at pos.. before
             k, v = torch.cat([self.k[s][:, :, :pos], k], 2), torch.cat([self.v[s][:, :, :pos], v], 2)
         self.k[s], self.v[s] = k, v
-        return k, v
+        return attend(k, v, pos, new_k, new_v)
+
+
+def attend(k, v, pos, new_k, new_v):
+    """What an attention over t new tokens at positions pos.. reads from a cache holding k, v (positions 0..pos+t),
+    as (keys, values, mask): at pos 0 the new keys and values alone, causal among themselves (mask None); one new
+    token sees every position (mask None); a chunk of t sees positions up to its own (the offset causal mask)."""
+    t = new_k.size(2)
+    if pos == 0:
+        return new_k, new_v, None
+    if k.dtype != new_k.dtype:
+        k, v = k.to(new_k.dtype), v.to(new_k.dtype)
+    return k, v, None if t == 1 else torch.ones(t, pos + t, dtype=torch.bool, device=k.device).tril(pos)
 
 
 def token_by_token(model, idx, cache):
@@ -137,7 +162,7 @@ def teacher_forced(model, idx, kv):
     """Logits (B, n, vocab) of idx (B, n) decoded token by token under cache policy kv, with gradients: training
     with the attention pattern the model will decode with (train.py's train_kv; Huginn's remedy for a shared
     cache). Under kv="full" it equals model(idx), gradients included, at n times the Python overhead."""
-    return token_by_token(model, idx, GrowingCache(cache_slots(model, kv)))
+    return token_by_token(model, idx, GrowingCache(slot_of(model, kv)))
 
 
 def kv_cache_bytes(model, seq_len, batch_size=1, dtype=torch.float32, kv="full"):
@@ -155,8 +180,13 @@ def new_cache(model, batch_size, max_len=None, dtype=None, kv="full", static=Fal
     if dtype is None:
         dev = model.wte.weight.device.type
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else model.wte.weight.dtype
-    return (StaticKVCache if static else KVCache)(cache_slots(model, kv), batch_size, c.n_head, max_len,
+    return (StaticKVCache if static else KVCache)(slot_of(model, kv), batch_size, c.n_head, max_len,
                                                   c.n_embd // c.n_head, model.wte.weight.device, dtype)
+
+
+def slot_of(model, kv="full"):
+    """{application name: storage slot} under policy kv (what a cache looks each attention's slot up in)."""
+    return dict(zip(applications(model), cache_slots(model, kv)))
 
 
 def position(cache, pos, t=1):

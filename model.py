@@ -1,25 +1,20 @@
 """
-HRM-LM, the Transformer and the Universal Transformer (UniTF), in one file, in the paper's order.
-Read it beside the paper ("Hierarchical vs. Flat Iteration in Shared-Weight Transformers") and
-docs/MODEL.md, which maps every equation to the code below and says how we resolve the paper's slips.
+HRM-LM, the Transformer and the Universal Transformer (UniTF), in one file, in the paper's order. Read it beside
+the paper ("Hierarchical vs. Flat Iteration in Shared-Weight Transformers") and docs/MODEL.md, which maps every
+equation to the code below and says how we resolve the paper's slips. It needs only torch: copy it anywhere.
 
   section of this file                          the paper (section; equation)             docs/MODEL.md
   1. CausalAttnBlock (RMSNorm, RoPE, SwiGLU)    "Architecture Overview"; Eq. causal_attn  section 1
   2. LanguageModel: W_emb, the tied logits      "Input Encoding"; "Output Fusion"         sections 2, 3
-  3. the Fast module L_net                      "Gated Fast-Module Update"; Eqs. concat,  section 2
-                                                gate, content, lgate
-  4. the Slow module H_net                      "Slow-Module Update"                      section 2
+  3-4. the Fast module L_net, the Slow H_net    "Gated Fast-Module Update", "Slow-Module  section 2
+                                                Update"; Eqs. concat, gate, content, lgate
   5. the output fusion                          "Output Fusion"                           section 2
-  6. HRM: input encoding, z^0, sg, L_acc,       "Input Encoding"; "State Initialization   sections 2, 4
-     HRM.forward and HRM.one_pass               and Supervision Passes"; Eq. detach;
-                                                Algorithms 2 and 3
+  6. HRM: input encoding, z^0, sg, L_acc        "State Initialization and Supervision     sections 2, 4
+                                                Passes"; Eq. detach; Algorithms 2 and 3
   7. Transformer (L blocks), UniTF (1 block x M) Eqs. tfm1-2; appendix "UniTF"            sections 3, 4
 
-The paper sizes the KV cache (Eq. kv_hrm) but never built cached decoding: engine.py does, and each
-attention here takes the cache, its application's slot and the position of its first token (pos).
-Options beyond the paper (docs/MODEL.md section 8), each a ModelConfig field whose default is the paper:
-norm, fast_only, K_slow, grad_ckpt, fast_attn_steps, learn_alpha. Chunked BPTT is S = M/C passes of C steps, K = C.
-set_depth runs the same weights at another depth (train.py's random_depth).
+Attention takes a KV cache (the paper sizes it, Eq. kv_hrm; engine.py decodes with it), its application's slot and
+its first position. Options beyond the paper (docs/MODEL.md section 8) are ModelConfig fields, off by default.
 """
 
 import math
@@ -31,8 +26,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-import engine
-from configurator import check_model_config
+ARCHS = ("hrm", "transformer", "unitf")
+UNUSED = {"hrm": ("n_layer", "unitf_init_c", "out_proj"),   # the fields each arch has no use for
+          "transformer": ("N", "T", "M", "K", "S", "ent_lambda", "unitf_init_c", "learn_alpha"),
+          "unitf": ("n_layer", "N", "T", "S", "ent_lambda", "learn_alpha")}
 
 
 @dataclass
@@ -45,7 +42,7 @@ class ModelConfig:
     n_layer: int = 4           # transformer: L independent blocks
     N: int = 4                 # hrm: Slow-module firings per pass
     T: int = 3                 # hrm: Fast steps per Slow firing
-    M: Optional[int] = None    # steps per pass; hrm: always N*T (leave None); unitf: default 12
+    M: Optional[int] = None    # steps per pass; hrm: always N*T (filled in); unitf: default 12; transformer: None
     K: int = 2                 # hrm/unitf: gradient window, the last K of M steps (K >= M: full backprop)
     S: int = 1                 # hrm: supervision passes
     ent_lambda: float = 0.01   # hrm: weight of the fusion-entropy bonus (the paper gives no value; ours)
@@ -59,12 +56,46 @@ class ModelConfig:
     learn_alpha: bool = True   # hrm: False holds alpha_L, alpha_H at 0.1 (a buffer): a remedy for their collapse
 
     def __post_init__(self):
-        check_model_config(self)   # configurator.py: the ranges, each error naming its field
-
-    @classmethod
-    def from_settings(cls, settings):
-        """The ModelConfig in a dict of train.py settings: every field is a setting of the same name."""
-        return cls(**{f: settings[f] for f in MODEL_FIELDS})
+        """Fill in M (HRM: N*T; UniTF: 12 unless given); refuse what no model can be built from, naming the field."""
+        def bad(field, why):
+            raise ValueError(f"ModelConfig.{field}: {why}")
+        is_int = lambda v, least: isinstance(v, int) and not isinstance(v, bool) and v >= least  # noqa: E731
+        if self.arch not in ARCHS:
+            bad("arch", f"unknown arch {self.arch!r}, expected one of {ARCHS}")
+        for f in ("vocab_size", "block_size", "n_embd", "n_head", "n_layer", "N", "T", "K", "S"):
+            if not is_int(getattr(self, f), 1):
+                bad(f, f"must be an integer >= 1, got {getattr(self, f)!r}")
+        for f in ("out_proj", "learn_alpha", "fast_only", "grad_ckpt"):
+            if not isinstance(getattr(self, f), bool):
+                bad(f, f"must be True or False, got {getattr(self, f)!r}")
+        if self.n_embd % self.n_head:
+            bad("n_embd", f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if (self.n_embd // self.n_head) % 2:
+            bad("n_head", f"head_dim={self.n_embd // self.n_head} must be even for RoPE")
+        if self.arch == "hrm" and self.M not in (None, self.N * self.T):
+            bad("M", f"for hrm M is N*T={self.N * self.T}; got M={self.M} (leave it None)")
+        for f in UNUSED[self.arch]:   # set away from its default, such a field would be silently ignored
+            if getattr(self, f) != getattr(type(self), f):
+                bad(f, f"arch={self.arch!r} does not use {f}; leave it at its default {getattr(type(self), f)!r}")
+        if self.arch != "transformer":
+            self.M = self.N * self.T if self.arch == "hrm" else 12 if self.M is None else self.M
+            if not is_int(self.M, 1):
+                bad("M", f"must be an integer >= 1, got {self.M!r}")
+        if self.norm not in ("post", "pre"):
+            bad("norm", f"must be 'post' (the paper) or 'pre', got {self.norm!r}")
+        if self.fast_only and self.arch != "hrm":
+            bad("fast_only", f"is an HRM control; arch={self.arch!r} has no Slow module to remove")
+        if not is_int(self.K_slow, 0) or self.K_slow and (self.arch != "hrm" or self.fast_only):
+            bad("K_slow", f"is an integer >= 0 (0: the paper) and needs a Slow module; got {self.K_slow!r}")
+        if self.grad_ckpt and self.arch == "transformer":
+            bad("grad_ckpt", "is for the recurrent archs hrm/unitf")
+        k = self.fast_attn_steps
+        if k is not None and (self.arch != "hrm" or not is_int(k, 0) or k > self.M):
+            bad("fast_attn_steps", f"is None (all M steps attend) or 0..M={self.M} for arch='hrm'; got {k!r}")
+        if not (math.isfinite(self.ent_lambda) and self.ent_lambda >= 0):
+            bad("ent_lambda", f"must be finite and >= 0, got {self.ent_lambda}")
+        if not (math.isfinite(self.unitf_init_c) and self.unitf_init_c > 0):
+            bad("unitf_init_c", f"must be finite and > 0, got {self.unitf_init_c}")
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig))
@@ -73,7 +104,6 @@ MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig))
 # ---------------------------------------------------------------------------
 # 1. The shared block: CausalAttnBlock (Eq. causal_attn; docs/MODEL.md section 1)
 #    a = MHSA_causal(x);  x' = RMSNorm(x + a);  x'' = RMSNorm(x' + SwiGLU(x'))
-# ---------------------------------------------------------------------------
 
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + 1e-5) * weight."""
@@ -89,9 +119,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_table(block_size, head_dim, base=10000.0):
-    """RoPE tables (block_size, head_dim), rotate-half layout: cos, and sin_rot, sin with its first half
-    negated. Rotate-half RoPE is x cos + [-x2, x1] sin (x1, x2 the halves of a head), and [-x2, x1] sin
-    equals [x2, x1] sin_rot exactly, where [x2, x1] is one roll of x."""
+    """RoPE tables (block_size, head_dim), rotate-half layout: cos, and sin_rot = sin with its first half negated,
+    so that [-x2, x1] sin (x1, x2 the halves of a head) is exactly [x2, x1] sin_rot, [x2, x1] one roll of x."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     ang = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq)
     ang = torch.cat([ang, ang], dim=-1)
@@ -115,31 +144,20 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(d, d, bias=False)
 
     def forward(self, x, rope, pos=0, cache=None, slot=0):
-        """x: positions pos..pos+t of the sequence; with a cache (engine.py), its slot `slot` already holds
-        this application's keys and values of positions 0..pos, and these t are written after them."""
+        """x: positions pos..pos+t of the sequence (pos: an int, or engine.StaticKVCache's tensor of the t positions).
+        With a cache (engine.py), its slot `slot` holds this application's keys and values of positions 0..pos;
+        these t are written after them, and attention reads all of them under the mask the cache returns."""
         B, t, d = x.shape
         qkv = self.qkv(x).view(B, t, 3, self.n_head, d // self.n_head).permute(2, 0, 3, 1, 4)  # (3, B, H, t, hd)
-        static = isinstance(pos, torch.Tensor)   # engine.StaticKVCache: the t positions on the device, fixed shapes
-        at = pos if static else slice(pos, pos + t)
+        at = pos if isinstance(pos, torch.Tensor) else slice(pos, pos + t)
         cos, sin_rot = rope[0][at], rope[1][at]                    # RoPE at the tokens' own positions
         if cos.dtype != qkv.dtype:
             cos, sin_rot = cos.to(qkv.dtype), sin_rot.to(qkv.dtype)
         q, k = apply_rope(qkv[:2], cos, sin_rot).unbind(0)         # q and k rotated together
-        v = qkv[2]
-        if static:   # the whole preallocated length, its unwritten and later positions masked: no host sync
-            k, v, mask = cache.update(slot, at, k, v)
-            y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
-        elif cache is None or pos == 0:
-            if cache is not None:
-                cache.update(slot, pos, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            k, v = cache.update(slot, pos, k, v)
-            if k.dtype != q.dtype:
-                k, v = k.to(q.dtype), v.to(q.dtype)
-            # one new token sees every cached position; a chunk of t needs the offset causal mask
-            mask = None if t == 1 else torch.ones(t, pos + t, dtype=torch.bool, device=x.device).tril(pos)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        v, mask = qkv[2], None
+        if cache is not None:
+            k, v, mask = cache.update(slot, pos, k, v)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and k.size(2) == t)
         return self.proj(y.transpose(1, 2).reshape(B, t, d))
 
 
@@ -157,12 +175,8 @@ class SwiGLU(nn.Module):
 
 
 class CausalAttnBlock(nn.Module):
-    """Post-norm block, 16d^2 + 2d parameters (the paper's 14d^2 is a slip: docs/MODEL.md section 1).
-
-    norm="pre" (docs/MODEL.md section 8, not the paper) moves the same two RMSNorms inside the residual
-    branches, x + attn(norm1(x)) then x + mlp(norm2(x)): the same parameters, a control for
-    whether a result is about the architecture or about post-norm's trainability.
-    """
+    """Post-norm block, 16d^2 + 2d parameters (the paper's 14d^2 is a slip: docs/MODEL.md section 1). norm="pre"
+    (section 8, not the paper): x + attn(norm1(x)), then x + mlp(norm2(x)), a control for trainability."""
 
     def __init__(self, d, n_head, norm="post", attn=True):
         super().__init__()
@@ -173,9 +187,7 @@ class CausalAttnBlock(nn.Module):
         self.norm2 = RMSNorm(d)
 
     def forward(self, x, rope, pos=0, cache=None, slot=0, attend=True):
-        """attend=False skips the attention sublayer, a = 0 (fast_attn_steps, docs/MODEL.md section 8):
-        x' = RMSNorm(x) post-norm, x' = x pre-norm; the rest is unchanged, so the block becomes position-wise
-        and needs no cache."""
+        """attend=False (fast_attn_steps, docs/MODEL.md section 8): a = 0, so the block is position-wise."""
         if self.pre:
             if attend:
                 x = x + self.attn(self.norm1(x), rope, pos, cache, slot)
@@ -185,10 +197,8 @@ class CausalAttnBlock(nn.Module):
 
 
 # ---------------------------------------------------------------------------
-# 2. What the three models share (docs/MODEL.md sections 2-4): the token embedding W_emb of
-#    "Input Encoding", e = W_emb[x], and the weight-tied logits of "Output Fusion",
-#    logits = h_out W_emb^T; the RoPE tables; the init; the CE loss
-# ---------------------------------------------------------------------------
+# 2. What the three models share (docs/MODEL.md sections 2-4): the token embedding of "Input Encoding",
+#    e = W_emb[x], the weight-tied logits of "Output Fusion", logits = h_out W_emb^T; RoPE; the init; the CE loss
 
 class LanguageModel(nn.Module):
     def __init__(self, config):
@@ -199,54 +209,40 @@ class LanguageModel(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)  # derived, not in the state_dict
         self.register_buffer("rope_sin_rot", sin_rot, persistent=False)
         self.norm_f = None   # a final RMSNorm before the logits: the baselines' under norm="pre" only
-        # out_proj: the baselines given what HRM's fusion ends in (OutputFusion.proj), to test whether that matrix
-        # is what lets post-norm HRM escape the BPE testbed's unigram plateau (docs/RESULTS.md section 4)
+        # out_proj: the baselines given what HRM's fusion ends in (OutputFusion.proj), a control (RESULTS section 4)
         self.out_proj = nn.Linear(config.n_embd, config.n_embd, bias=False) if config.out_proj else None
 
     @property
     def rope(self):
         return self.rope_cos, self.rope_sin_rot
 
-    def _init_weights(self):
-        """N(0, 0.02) for every linear and embedding weight (docs/MODEL.md section 4)."""
-        for m in self.modules():
+    def _init_weights(self, module=None, std=0.02):
+        """N(0, std) for every linear and embedding weight of the module (docs/MODEL.md section 4): 0.02 for the
+        model, less for a block applied many times."""
+        for m in (self if module is None else module).modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, mean=0.0, std=0.02)
-
-    @staticmethod
-    def _init_shared_block(block, std):
-        """Blocks applied many times start smaller: N(0, std) for their matrices."""
-        for m in block.modules():
-            if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, mean=0.0, std=std)
 
     def num_params(self):
         """Stored parameters; the tied output projection counts once."""
         return sum(p.numel() for p in self.parameters())
 
-    def n_cache_apps(self):
-        """How many attending block applications one forward makes (= KV cache slots, engine.py)."""
-        raise NotImplementedError
-
     def set_depth(self, n=None):
-        """Run the next forwards n steps deep with the same weights (random_depth in train.py, docs/MODEL.md
-        section 8): UniTF M' = n steps, HRM N' = n Slow firings with T kept; None: the trained depth again.
-        No weight depends on the depth (init used the trained M), so only the loop's length changes."""
+        """Run the next forwards n steps deep with the same weights (docs/MODEL.md section 8): UniTF M' = n steps,
+        HRM N' = n Slow firings with T kept; None: the trained depth again. No weight depends on the depth."""
         c = self.trained_config
         if c.arch == "transformer":
             raise ValueError("a Transformer's depth is its n_layer independent blocks; only hrm/unitf recur")
         self.config = c if n is None else replace(c, **({"N": n, "M": None} if c.arch == "hrm" else {"M": n}))
 
     def _step(self, module, *args):
-        """One recurrent step, module(*args). With grad_ckpt (docs/MODEL.md section 8) a step that carries gradient
-        keeps only its inputs, the states between steps, and is recomputed in backward (non-reentrant)."""
+        """One recurrent step; with grad_ckpt (section 8) a step with gradient is recomputed in backward."""
         if self.config.grad_ckpt and torch.is_grad_enabled():
             return checkpoint(module, *args, use_reentrant=False)
         return module(*args)
 
     def head(self, x, targets=None, last_only=False):
-        """The weight-tied logits x W_emb^T (the only place they are computed) and, given targets, the CE loss.
-        last_only: the last position's logits alone (decoding)."""
+        """The weight-tied logits x W_emb^T (of the last position alone: last_only) and, given targets, the CE loss."""
         if last_only:
             x = x[:, -1:]
         if self.norm_f is not None:   # norm="pre" only (docs/MODEL.md section 8)
@@ -260,10 +256,6 @@ class LanguageModel(nn.Module):
         """CE(logits, Y): mean over the positions whose target is not -1, in float32 even under autocast."""
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full", static=False):
-        """idx (B, t) and max_new_tokens sampled after it, as nanoGPT's; the decoding itself is engine.py's."""
-        return engine.generate(self, idx, max_new_tokens, temperature, top_k, use_cache, kv, static)
-
 
 # ---------------------------------------------------------------------------
 # 3. The Fast module f_L (section "Gated Fast-Module Update"; Eqs. concat, gate, content, lgate)
@@ -271,7 +263,6 @@ class LanguageModel(nn.Module):
 #    z_L <- g * z_L + (1 - g) * alpha * h W_out
 # 4. The Slow module f_H (section "Slow-Module Update"), the same gated form on
 #    c_H = RMSNorm([z_H; z_L]) -- no x~: tokens reach the Slow module only through z_L.
-# ---------------------------------------------------------------------------
 
 class GatedModule(nn.Module):
     """One gated recurrent update: the Fast module (n_in=3) or the Slow module (n_in=2)."""
@@ -318,7 +309,6 @@ class SlowModule(GatedModule):
 # ---------------------------------------------------------------------------
 # 5. Output fusion (section "Output Fusion")
 #    w = softmax([h_H; h_L; h_I] W_og / tau);  h_out = w1 h_H + w2 h_L + w3 h_I
-# ---------------------------------------------------------------------------
 
 class OutputFusion(nn.Module):
     def __init__(self, d):
@@ -338,17 +328,10 @@ class OutputFusion(nn.Module):
 # ---------------------------------------------------------------------------
 # 6. HRM (docs/MODEL.md section 2): input encoding, the states' init, Algorithm 2 (forward) with its
 #    supervision passes, Algorithm 3 (one pass)
-# ---------------------------------------------------------------------------
 
 def fast_attn_schedule(M, k):
-    """The Fast steps (of 1..M) that attend when fast_attn_steps = k (None: all M, the paper).
-
-    The paper's "hybrid" Fast module (Table design_choice) leaves the choice open. Ours: k evenly spaced
-    steps ending at step M, i = M - floor(j M / k) for j < k. Step M is then inside every gradient window,
-    so attention is trained even at K = 1 (a step outside the last K gets no gradient at all); the spacing
-    lets every stretch of position-wise steps start from freshly mixed context; and k = N puts them
-    exactly on the Slow-firing steps (i % T == 0), so every Slow firing reads a z_L that has just attended.
-    """
+    """The Fast steps (of 1..M) that attend when fast_attn_steps = k (None: all M, the paper): k evenly spaced steps
+    ending at step M, which every gradient window holds; k = N puts them on the Slow firings (docs/MODEL.md sec. 8)."""
     k = M if k is None else k
     return sorted({M - j * M // k for j in range(k)})
 
@@ -359,48 +342,29 @@ class HRM(LanguageModel):
         d, n_head, norm = config.n_embd, config.n_head, config.norm
         self.input_block = CausalAttnBlock(d, n_head, norm)   # theta_I, applied once ("Input Encoding")
         self.L_net = FastModule(d, n_head, norm, config.fast_attn_steps != 0, config.learn_alpha)  # theta_L, every step
-        # theta_H, every T steps; the fast_only control has none, and z_H stays z_H0. The output
-        # fusion normalises each of its inputs, so HRM needs no final norm (norm_f) under norm="pre".
+        # theta_H, every T steps (fast_only: none, z_H stays z_H0); the fusion's norms make norm_f unneeded
         self.H_net = None if config.fast_only else SlowModule(d, n_head, norm, config.learn_alpha)
         self.fusion = OutputFusion(d)
         # "State Initialization": fixed prototypes z^0 ~ TN(0, 1; [-2, 2]) in R^d, buffers: saved, never trained
         self.register_buffer("z_H0", torch.empty(d))
         self.register_buffer("z_L0", torch.empty(d))
         self._init_weights()
-        self._init_shared_block(self.L_net.block, 0.02 / math.sqrt(config.M))
+        self._init_weights(self.L_net.block, 0.02 / math.sqrt(config.M))
         if self.H_net is not None:
-            self._init_shared_block(self.H_net.block, 0.02 / math.sqrt(config.M))
+            self._init_weights(self.H_net.block, 0.02 / math.sqrt(config.M))
         nn.init.trunc_normal_(self.z_H0, mean=0.0, std=1.0, a=-2.0, b=2.0)
         nn.init.trunc_normal_(self.z_L0, mean=0.0, std=1.0, a=-2.0, b=2.0)
         self.set_depth(None)
 
     def set_depth(self, n=None):
         super().set_depth(n)
-        # fast_slot[i-1]: Fast step i's KV cache slot among the attending steps of a pass, None if it does not attend
-        attending = fast_attn_schedule(self.config.M, self.config.fast_attn_steps)
-        self.fast_slot = [attending.index(i) if i in attending else None for i in range(1, self.config.M + 1)]
-        self.n_fast_apps = len(attending)
-
-    def n_cache_apps(self):
-        """1 (input block) + S k (attending Fast steps; k = M in the paper) + S N (Slow firings)."""
-        c = self.config
-        return 1 + c.S * self.n_fast_apps + (0 if c.fast_only else c.S * c.N)
-
-    def fast_cache_slot(self, s, i):
-        """KV cache slot of Fast step i (1..M) of pass s: after the input block's slot 0, pass by pass;
-        None where the step does not attend (fast_attn_steps)."""
-        k = self.fast_slot[i - 1]
-        return None if k is None else 1 + s * self.n_fast_apps + k
-
-    def slow_cache_slot(self, s, j):
-        """KV cache slot of Slow firing j (1..N) of pass s: after every pass's Fast slots."""
-        return 1 + self.config.S * self.n_fast_apps + s * self.config.N + j - 1
+        self.attending = fast_attn_schedule(self.config.M, self.config.fast_attn_steps)   # Fast steps that attend
 
     def forward(self, idx, targets=None, cache=None, pos=0, last_only=False):
         """Algorithm 2. Returns (logits of the last pass, L_acc: the loss averaged over the S passes).
         idx holds positions pos..pos+n (pos > 0: decoding against a cache, engine.py)."""
         c = self.config
-        x_tilde = self.input_block(self.wte(idx), self.rope, pos, cache, 0)   # "Input Encoding": once
+        x_tilde = self.input_block(self.wte(idx), self.rope, pos, cache, ("I",))   # "Input Encoding": once
         B, n, d = x_tilde.shape
         z_H = self.z_H0.to(x_tilde.dtype).expand(B, n, d)                    # z^(1,0) = expand(z^0)
         z_L = self.z_L0.to(x_tilde.dtype).expand(B, n, d)
@@ -421,36 +385,25 @@ class HRM(LanguageModel):
 
     def one_pass(self, x_tilde, z_H, z_L, s=0, pos=0, cache=None):
         """Algorithm 3 (OnePass): M steps; steps 1..M-K without gradient (Loop 4a), the last K with (Loop 4b).
-        Returns z_H, z_L, as the paper's does.
-
-        K_slow = k >= 1 (docs/MODEL.md section 8; the paper's "Hierarchical BPTT", section "Path to Large-Scale
-        Validation") also applies Slow firings j > N - k with gradient. Exactly these carry gradient then:
-          - z_L of Fast steps i > M - K (the Fast window), as in the paper; earlier Fast steps stay no_grad
-            even when the z_H they read has gradient, so nothing of theirs is kept;
-          - z_H of every firing j > N - k or inside the Fast window: a chain, so the gradient reaching z_H
-            (from the fusion, and from the window's Fast steps, which read z_H) runs back across them;
-          - a firing outside the Fast window reads a z_L made under no_grad, i.e. detached: its gradient
-            reaches theta_H, W^H and z_H, never theta_L. The chain starts at firing N - k + 1, whose input
-            z_H (from a no_grad firing) is detached too, and passes never connect (sg in Algorithm 2).
-        Kept activations: K Fast steps and max(k, firings in the window) Slow firings, not M steps.
-        """
+        Returns z_H, z_L, as the paper's does. K_slow = k (docs/MODEL.md section 8, the paper's "Hierarchical
+        BPTT") also runs Slow firings j > N - k with gradient: a chain along z_H whose firings outside the Fast
+        window read a detached z_L, so their gradient reaches theta_H, never theta_L; Fast steps before the
+        window stay no_grad."""
         c = self.config
         grad = torch.is_grad_enabled()
         for i in range(1, c.M + 1):            # i counts from 1 in every pass
             in_window = grad and i > c.M - c.K
-            slot = self.fast_cache_slot(s, i)
-            with torch.set_grad_enabled(in_window):
-                z_L = self._step(self.L_net, z_L, z_H, x_tilde, self.rope, pos, cache, slot, slot is not None)
+            with torch.set_grad_enabled(in_window):   # each block application's KV cache slot: ("L", s, i), ...
+                z_L = self._step(self.L_net, z_L, z_H, x_tilde, self.rope, pos, cache, ("L", s, i), i in self.attending)
             if i % c.T == 0 and self.H_net is not None:  # the Slow module sees the z_L just computed
                 j = i // c.T                             # firing j of N in this pass
                 with torch.set_grad_enabled(in_window or (grad and j > c.N - c.K_slow)):
-                    z_H = self._step(self.H_net, z_H, z_L, self.rope, pos, cache, self.slow_cache_slot(s, j))
+                    z_H = self._step(self.H_net, z_H, z_L, self.rope, pos, cache, ("H", s, j))
         return z_H, z_L
 
 
 # ---------------------------------------------------------------------------
 # 7. Baselines (docs/MODEL.md section 3): the Transformer (Eqs. tfm1-2) and UniTF (appendix "UniTF")
-# ---------------------------------------------------------------------------
 
 class Transformer(LanguageModel):
     """L independent post-norm blocks on the embedding, tied logits, no final norm (norm="pre": one)."""
@@ -461,9 +414,6 @@ class Transformer(LanguageModel):
                                     for _ in range(config.n_layer))
         self.norm_f = RMSNorm(config.n_embd) if config.norm == "pre" else None  # pre-norm leaves x unnormalised
         self._init_weights()
-
-    def n_cache_apps(self):
-        return self.config.n_layer
 
     def forward(self, idx, targets=None, cache=None, pos=0, last_only=False):
         x = self.wte(idx)
@@ -481,10 +431,7 @@ class UniTF(LanguageModel):
         self.block = CausalAttnBlock(c.n_embd, c.n_head, c.norm)
         self.norm_f = RMSNorm(c.n_embd) if c.norm == "pre" else None  # pre-norm leaves x unnormalised
         self._init_weights()
-        self._init_shared_block(self.block, 0.02 / math.sqrt(c.unitf_init_c * c.M * c.n_embd / 4096))
-
-    def n_cache_apps(self):
-        return self.config.M
+        self._init_weights(self.block, 0.02 / math.sqrt(c.unitf_init_c * c.M * c.n_embd / 4096))
 
     def forward(self, idx, targets=None, cache=None, pos=0, last_only=False):
         c = self.config

@@ -46,9 +46,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from common import HelpFormatter, fail
-from configurator import ConfigError, apply_config, read_settings
+from configurator import ConfigError, apply_config, model_config, read_settings
 from data import load_meta, meta_path
-from model import ModelConfig, build_model
+from model import build_model
 from parallel import shard_units
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -205,7 +205,7 @@ def gathered_params(model, arch):
 
 def plan(settings, world_size, gpu_bytes, reserve_bytes, micro_batch=None, fsdp=False):
     """The per-GPU memory of one iteration of these train.py settings (see the module docstring)."""
-    cfg = ModelConfig.from_settings(settings)
+    cfg = model_config(settings)
     dtype = torch.float32 if settings["dtype"] == "float32" else torch.bfloat16   # "auto" is bf16 on CUDA
     with torch.device("meta"):
         model = build_model(cfg)
@@ -318,7 +318,7 @@ def main(argv=None):
     for path in args.configs:
         try:
             settings = train_settings([path] + overrides)
-            ModelConfig.from_settings(settings)
+            model_config(settings)
             out.append(report(path, settings, args.world_size, args.gpu_mem_gb, args.reserve_gb))
         except (ConfigError, ValueError) as e:
             fail(str(e))

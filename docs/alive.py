@@ -25,8 +25,10 @@ Phases (hyperparameters are chosen on seeds 7 and 8, which no test uses):
      the lower 2-seed mean. For HRM only alive runs compete: both blocks off must cost >= ALIVE nats at seed 7.
   C. the test: each arm's choice at seeds 1337, 42, 2024 (paired by seed with the Transformer of its width).
   W. the width control: HRM NT=8 at d=128 at lr 1.25e-3 (d=256's lr), the paper's setting, the test seeds.
-Readings: for every finished HRM run, alive.json beside its log: alpha_L, alpha_H, val CE, and the CE cost of the
-Fast block off, the Slow block off, both off (analyze.py's --alive readings), and of z_H frozen (H-frozen).
+Readings: for every finished HRM run, alive.json beside its log (from its last checkpoint, 64 validation sequences
+of 128 characters): alpha_L, alpha_H, val CE, and the CE cost of the Fast block off, the Slow block off, both off
+(analyze.py's alive readings), of z_H frozen (H-frozen), val CE at 0.5x-4x the trained depth; for test-seed runs
+also token-by-token decoding's CE under each KV cache policy (full, last, fired).
 """
 
 import json
@@ -83,7 +85,7 @@ def reading(out_dir):
         if not sweep.finished(out_dir) or not os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
             return None
         import torch
-        from analyze import alive, load, slow_module_frozen, val_batches, val_ce
+        from analyze import alive, decode_ce, depth_table, load, slow_module_frozen, val_batches, val_ce
         torch.set_num_threads(1)
         model, ck = load(out_dir, "ckpt_last.pt", "cpu")
         if ck["iter_num"] != sweep.max_iters_of(sweep.facts(out_dir)["command"].split()):
@@ -92,7 +94,10 @@ def reading(out_dir):
         ce = val_ce(model, batches, "cpu")
         with slow_module_frozen(model):
             frozen = val_ce(model, batches, "cpu") - ce
-        r = {"iter": ck["iter_num"], "ce": ce, "h_frozen": frozen, **alive(model, batches, "cpu", ce)}
+        r = {"iter": ck["iter_num"], "ce": ce, "h_frozen": frozen, **alive(model, batches, "cpu", ce),
+             "depth": depth_table(model, batches, "cpu", sweep.DEPTHS)}
+        if int(sweep.seed_of(out_dir)) in SEEDS:   # a test run: decoding's CE under each cache policy too
+            r["kv"] = {kv: decode_ce(model, batches, "cpu", kv) for kv in ("full", "last", "fired")}
         with open(path + ".tmp", "w") as f:
             json.dump(r, f, indent=1)
         os.replace(path + ".tmp", path)
@@ -229,72 +234,155 @@ def run(workers):
 
 # --- tables, from the committed logs and readings alone -------------------------------------------
 
-def final_alphas(out_dir):
-    """alpha_L, alpha_H of the run's last logged evaluation (log.jsonl carries them since this runner)."""
-    last = sweep.run_log(out_dir)[-1]
-    return last.get("alpha_L"), last.get("alpha_H")
+def ms(vals, fmt=".3f"):
+    """'mean ± sd' of the values (one value: itself)."""
+    m, sd, n = sweep.mean_sd(vals)
+    return f"{m:{fmt}}" + (f" ± {sd:.3f}" if n > 1 else "")
 
 
-def alive_cells(out_dir):
-    """'alpha_L / alpha_H | blocks off: Fast, Slow, both' of a run; '-' where not read."""
-    r = reading(out_dir)
-    if r is None:
-        a = final_alphas(out_dir)
-        return (f"{a[0]:.3f} / {a[1]:.3f}" if None not in a else "-") + " | not read"
-    return (f"{r['alpha_L']:.3f} / {r['alpha_H']:.3f} | {r['off_L']:+.3f}, {r['off_H']:+.3f}, {r['off_both']:+.3f}"
-            + ("" if r["off_both"] >= ALIVE else " (off)"))
+def alive_cells(dirs):
+    """'alpha_L / alpha_H | blocks off: Fast, Slow, both | H frozen' over the read runs (mean ± sd); '(off)' where a
+    run's both-off cost is under ALIVE; the last logged alphas where no run was read."""
+    rs = [r for r in map(reading, dirs) if r]
+    if not rs:
+        last = [sweep.run_log(d)[-1] for d in dirs]
+        a = [(r.get("alpha_L"), r.get("alpha_H")) for r in last]
+        cells = f"{ms([x for x, _ in a])} / {ms([y for _, y in a])}" if a and None not in a[0] else "-"
+        return cells + " | not read | -"
+    off = sum(r["off_both"] < ALIVE for r in rs)
+    return (f"{ms([r['alpha_L'] for r in rs])} / {ms([r['alpha_H'] for r in rs])} | "
+            f"{ms([r['off_L'] for r in rs], '+.3f')}, {ms([r['off_H'] for r in rs], '+.3f')}, "
+            f"{ms([r['off_both'] for r in rs], '+.3f')}" + (f" ({off} of {len(rs)} off)" if off else "") +
+            f" | {ms([r['h_frozen'] for r in rs], '+.3f')}")
+
+
+LEGEND = (f"alpha: the final alpha_L / alpha_H (initialised at 0.1). Blocks off: val CE with the Fast block's alpha, the "
+          f"Slow block's, and both set to 0 (the gates kept) minus val CE; (off): both cost under {ALIVE} nats, the "
+          f"recurrence is switched off. H frozen: val CE with z_H held at z_H0 minus val CE. Readings from the last "
+          f"checkpoint, 64 validation sequences of 128 characters.\n")
 
 
 def selection_table():
-    print(f"### Alive HRM: selection at seed {SELECT[0]} (not a test seed), {ep.ITERS} iterations\n")
-    print(f"alpha: the final alpha_L / alpha_H (initialised at 0.1). Blocks off: val CE with the Fast block's alpha, "
-          f"the Slow block's, and both set to 0 (gates kept), minus val CE; (off): both cost under {ALIVE} nats, the "
-          f"recurrence is switched off and the run cannot be chosen. 64 validation sequences of 128 characters.\n")
-    print("| arm | remedy | lr | val CE | alpha_L / alpha_H | blocks off: Fast, Slow, both | H frozen |")
-    print("|---|---|---|---|---|---|---|")
+    if not any(tried(arm) for arm in HRM_ARMS + TF_ARMS):
+        return
+    print(f"### Alive HRM: selection on seeds {SELECT[0]} and {SELECT[1]} (no test uses them), {ep.ITERS} iterations "
+          f"(* = the arm's choice)\n")
+    print(LEGEND)
+    print(f"| arm | remedy | lr | val CE, seed {SELECT[0]} | seed {SELECT[1]} | alpha_L / alpha_H | blocks off: Fast, "
+          f"Slow, both | H frozen |\n|---|---|---|---|---|---|---|---|")
     for arm in HRM_ARMS + TF_ARMS:
         for r, k in sorted(tried(arm), key=lambda rk: (list(REMEDIES).index(rk[0]), rk[1])):
-            d = job(arm, r, k, SELECT[0])[0]
-            rd = reading(d) if arm in HRM_ARMS else None
-            cells = alive_cells(d) if arm in HRM_ARMS else "- | -"
-            hf = f"{rd['h_frozen']:+.3f}" if rd else "-"
-            print(f"| {arm} | {r} | {ep.lr_text(ep.lr_of(arm, k))} | {sweep.cell(d)} | {cells} | {hf} |")
+            d, d8 = job(arm, r, k, SELECT[0])[0], job(arm, r, k, SELECT[1])[0]
+            cells = alive_cells([d]) if arm in HRM_ARMS else "- | - | -"
+            star = "*" if chosen(arm) == (r, k) else ""
+            print(f"| {arm} | {r} | {ep.lr_text(ep.lr_of(arm, k))}{star} | {sweep.cell(d)} | "
+                  f"{sweep.cell(d8) if sweep.finished(d8) else '-'} | {cells} |")
     print()
 
 
+def section9_dirs(arm):
+    return [job(arm, "paper", ep.shown_k(arm)[0], s)[0] for s in SEEDS] if ep.shown_k(arm)[0] is not None else []
+
+
 def test_rows():
-    """{arm: {seed: val CE}} at each arm's choice, for finished test runs."""
+    """{row: {seed: val CE}} at the test seeds: each arm's choice, section 9's HRM (the paper's setting at its
+    lr), and the width control; finished runs only."""
     out = {}
     for arm in HRM_ARMS + TF_ARMS:
-        c = chosen(arm)
-        if c:
-            out[arm] = sweep.by_seed([job(arm, *c, s)[0] for s in SEEDS])
-    out["hrm-nt8-lr1.25e-3"] = sweep.by_seed([d for d, _ in phase_w()])
+        if chosen(arm):
+            out[arm] = sweep.by_seed([job(arm, *chosen(arm), s)[0] for s in SEEDS])
+    for arm in HRM_ARMS:
+        out[f"{arm} (section 9)"] = sweep.by_seed(section9_dirs(arm))
+    out["hrm-nt8 at lr 1.25e-3"] = sweep.by_seed([d for d, _ in phase_w()])
     return {k: v for k, v in out.items() if v}
 
 
 def test_table():
     table = test_rows()
+    rows = [(a, TF_OF[a], f"alive HRM {a[4:].upper()} vs Transformer ({TF_OF[a]})") for a in HRM_ARMS] + \
+           [(a, f"{a} (section 9)", f"alive HRM vs section 9's HRM ({a[4:].upper()})") for a in HRM_ARMS] + \
+           [("hrm-nt8 at lr 1.25e-3", "hrm-nt8 (section 9)", "HRM NT=8 d=128: lr 1.25e-3 vs section 9's 1e-2"),
+            ("hrm-nt8 at lr 1.25e-3", "tf-d128", "HRM NT=8 d=128 at lr 1.25e-3 vs Transformer")]
+    rows = [(a, b, q) for a, b, q in rows if a in table and b in table]
     if not table:
         return
-    print(f"### Alive HRM against the Transformer: each arm's choice at the test seeds {', '.join(map(str, SEEDS))}"
-          f" (paired by seed; 95% intervals; negative = HRM better)\n")
-    print("| arm | remedy, lr | seeds | mean | vs Transformer: diff [95% CI], p | verdict |\n|---|---|---|---|---|---|")
-    for arm, vals in table.items():
-        base = TF_OF.get(arm if arm in TF_OF else "hrm-nt8")
-        c = chosen(arm) if arm in HRM_ARMS + TF_ARMS else ("paper", WIDTH[1])
-        d = stats.paired(vals, table[base]) if base in table and arm not in TF_ARMS else None
-        m = sweep.mean_sd(list(vals.values()))[0]
-        print(f"| {arm} | {c[0]}, {ep.lr_text(ep.lr_of(arm if arm in ep.ARMS else 'hrm-nt8', c[1]))} | {len(vals)} | "
-              f"{m:.3f} | {d or '-'} | {stats.verdict(d) if d else '-'} |")
+    print(f"### Alive HRM at the test seeds ({', '.join(map(str, SEEDS))}): each arm's choice, {ep.ITERS} iterations\n")
+    print("| row | remedy, lr | seeds | val CE (mean ± sd) | alpha_L / alpha_H | blocks off: Fast, Slow, both | "
+          "H frozen |\n|---|---|---|---|---|---|---|")
+    for name, vals in table.items():
+        arm = name.split()[0]
+        c = chosen(arm) if name in HRM_ARMS + TF_ARMS else ("paper", WIDTH[1]) if "1.25e-3" in name else \
+            ("paper", ep.shown_k(arm)[0])
+        dirs = [job(arm, *c, s, name="hrm-nt8-width" if "1.25e-3" in name else None)[0] for s in SEEDS]
+        cells = alive_cells([d for d in dirs if sweep.finished(d)]) if "hrm" in name else "- | - | -"
+        if name.endswith("(section 9)"):   # no checkpoints: the readings are the reruns'
+            cells = alive_cells([d for d in (job(arm, "paper", c[1], s, name=f"{arm}-rerun")[0] for s in SEEDS)
+                                 if sweep.finished(d)]) + " (reruns)"
+        print(f"| {name} | {c[0]}, {ep.lr_text(ep.lr_of(arm, c[1]))} | {len(vals)} | {ms(list(vals.values()))} | "
+              f"{cells} |")
+    print()
+    if rows:
+        print("### Alive HRM at the test seeds: differences (row minus column, paired by seed; 95% intervals; "
+              "negative = row better)\n")
+        print("| row | column | question | diff [95% CI], p | verdict |\n|---|---|---|---|---|")
+        for a, b, q in rows:
+            d = stats.paired(table[a], table[b])
+            print(f"| {a} | {b} | {q} | {d or '-'} | {stats.verdict(d)} |")
+        print()
+
+
+def reruns_table():
+    """Section 9's HRM runs trained again for their checkpoints: the committed CE, the rerun's, and what it reads."""
+    got = [(arm, s, job(arm, "paper", ep.shown_k(arm)[0], s, name=f"{arm}-rerun")[0], d)
+           for arm in HRM_ARMS for s, d in zip(SEEDS, section9_dirs(arm))]
+    got = [g for g in got if sweep.finished(g[2])]
+    if not got:
+        return
+    print("### Section 9's HRM, trained again for its checkpoints: is its recurrence alive?\n")
+    print("The same command as the committed run (this machine's float32 may differ from the one that made it in the "
+          "last digits, which post-norm HRM at lr 1e-2 amplifies).\n")
+    print("| arm | seed | val CE, committed | val CE, rerun | alpha_L / alpha_H | blocks off: Fast, Slow, both | "
+          "H frozen |\n|---|---|---|---|---|---|---|")
+    for arm, s, rerun, d in got:
+        print(f"| {arm} | {s} | {sweep.cell(d)} | {sweep.cell(rerun)} | {alive_cells([rerun])} |")
+    print()
+
+
+def readings_table():
+    """Depth at inference and the KV cache policies on the test runs' checkpoints (mean over the seeds read)."""
+    groups = [(name, [job(arm, *chosen(arm), s)[0] for s in SEEDS]) for name, arm in
+              [(a, a) for a in HRM_ARMS if chosen(a)]] + \
+             [(f"{a} (section 9, reruns)", [job(a, "paper", ep.shown_k(a)[0], s, name=f"{a}-rerun")[0] for s in SEEDS])
+              for a in HRM_ARMS if ep.shown_k(a)[0] is not None] + \
+             [("hrm-nt8 at lr 1.25e-3", [d for d, _ in phase_w()])]
+    groups = [(n, [r for r in map(reading, ds) if r]) for n, ds in groups]
+    groups = [(n, rs) for n, rs in groups if rs]
+    if not groups:
+        return
+    print("### Alive HRM at the test seeds: depth at inference and KV cache policies (mean ± sd over the seeds read)\n")
+    print("Depth: val CE with N' = f N Slow firings (T kept). KV: token-by-token decoding's val CE under each policy "
+          "minus the exact cache's (docs/MODEL.md section 5).\n")
+    print("| row | seeds | " + " | ".join(f"N' {f:g}x" for f in sweep.DEPTHS) + " | KV last - full | KV fired - full |")
+    print("|---|---|" + "---|" * (len(sweep.DEPTHS) + 2))
+    for name, rs in groups:
+        depth = [ms([[x["ce"] for x in r["depth"] if x["varied"] == "N"][i] for r in rs])
+                 for i in range(len(sweep.DEPTHS))]
+        kv = [r["kv"] for r in rs if "kv" in r]
+        kvc = [ms([k[p] - k["full"] for k in kv], "+.4f") if kv else "-" for p in ("last", "fired")]
+        print(f"| {name} | {len(rs)} | " + " | ".join(depth) + f" | {kvc[0]} | {kvc[1]} |")
     print()
 
 
 def tables():
     selection_table()
     test_table()
+    readings_table()
+    reruns_table()
     done = [d for d, _ in all_jobs() if sweep.finished(d)]
-    print(f"{len(done)} runs committed; {len(all_jobs()) - len(done)} known still to run at this phase\n")
+    from long_run import train_seconds
+    hours = sum(train_seconds(sweep.run_log(d)) for d in done) / 3600
+    print(f"{len(done)} runs committed ({hours:.1f} hours of training, one core each); {len(all_jobs()) - len(done)} "
+          f"known still to run at this phase\n")
 
 
 def main():

@@ -125,13 +125,15 @@ def timings(reps, tokens, prompt):
     import statistics
     import time
     import torch
-    from model import ModelConfig, build_model
+    import engine
+    from configurator import model_config
+    from model import build_model
     from plan import train_settings
     models = {}
     for v in VARIANTS:
         _, cmd = jobs_of(v, 400)[0]
         torch.manual_seed(0)
-        models[v] = build_model(ModelConfig.from_settings(train_settings(cmd[2:]))).eval()
+        models[v] = build_model(model_config(train_settings(cmd[2:]))).eval()
     room = min(m.config.block_size for m in models.values()) - prompt
     if tokens is None:
         tokens = room
@@ -145,7 +147,7 @@ def timings(reps, tokens, prompt):
         for r in range(reps + 1):   # round 0 warms up: not counted
             for v, kv in times:
                 t0 = time.perf_counter()
-                models[v].generate(x[v], tokens, temperature=0, kv=kv)
+                engine.generate(models[v], x[v], tokens, temperature=0, kv=kv)
                 if r:
                     times[v, kv].append(time.perf_counter() - t0)
             print(f"round {r}/{reps} timed", flush=True)

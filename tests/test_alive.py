@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from conftest import HRM, char_tiny, raw_log, run_train
+from conftest import HRM, raw_log, run_train
 
 
 def test_learn_alpha_false_holds_alpha_as_a_buffer():

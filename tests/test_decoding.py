@@ -116,7 +116,7 @@ def test_static_cache_step_compiles_once_and_reads_nothing_back():
     assert not reads, reads   # nothing read back to the host inside the step (a CUDA graph cannot)
     kv = {cache.k.untyped_storage().data_ptr(), cache.v.untyped_storage().data_ptr()}
     slots = [t for t in inputs[-1] if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in kv]
-    assert len(slots) == 2 * m.n_cache_apps()
+    assert len(slots) == 2 * engine.n_cache_apps(m)
     assert all(getattr(t, "_dynamo_static_input_type", None) for t in slots)   # else Inductor skips the graph
     weights = {t.data_ptr() for t in (*m.parameters(), *m.buffers())}
     moving = [tuple(t.shape) for t in inputs[-1] if isinstance(t, torch.Tensor) and t.data_ptr() not in weights
@@ -144,35 +144,35 @@ def test_greedy_cached_equals_uncached(cfg):
     seq = fit_cycle(m)
     m.eval()
     prompt = seq[:, 3:11]
-    a = m.generate(prompt, 64, temperature=0, use_cache=True)
-    b = m.generate(prompt, 64, temperature=0, use_cache=False)
+    a = engine.generate(m, prompt, 64, temperature=0, use_cache=True)
+    b = engine.generate(m, prompt, 64, temperature=0, use_cache=False)
     assert a.shape == (1, 72)
     assert torch.equal(a, b)
-    assert torch.equal(m.generate(prompt, 64, temperature=0, static=True), b)   # engine.StaticKVCache
+    assert torch.equal(engine.generate(m, prompt, 64, temperature=0, static=True), b)   # engine.StaticKVCache
     assert len(set(a[0, 8:].tolist())) > 3  # greedy output is not one repeated token
 
 
 def test_generate_past_block_size_rebuilds_cache():
     m = make(tiny("hrm", N=1, T=2, K=1, block_size=24), scale=4.0).eval()
     prompt = torch.randint(0, V, (2, 20), generator=torch.Generator().manual_seed(7))
-    a = m.generate(prompt, 30, temperature=0, use_cache=True)
-    b = m.generate(prompt, 30, temperature=0, use_cache=False)
+    a = engine.generate(m, prompt, 30, temperature=0, use_cache=True)
+    b = engine.generate(m, prompt, 30, temperature=0, use_cache=False)
     assert a.shape == (2, 50) and torch.equal(a, b)
-    assert torch.equal(m.generate(prompt, 30, temperature=0, static=True), b)   # the fixed-shape cache rebuilt too
+    assert torch.equal(engine.generate(m, prompt, 30, temperature=0, static=True), b)   # the fixed-shape cache rebuilt too
 
 
 def test_sampling_is_seeded_and_cache_agnostic():
     m = make(tiny("transformer", n_layer=2), scale=4.0).eval()
     prompt = torch.zeros((1, 1), dtype=torch.long)
     torch.manual_seed(11)
-    a = m.generate(prompt, 20, temperature=0.8, top_k=10)
+    a = engine.generate(m, prompt, 20, temperature=0.8, top_k=10)
     torch.manual_seed(11)
-    b = m.generate(prompt, 20, temperature=0.8, top_k=10, use_cache=False)
+    b = engine.generate(m, prompt, 20, temperature=0.8, top_k=10, use_cache=False)
     assert torch.equal(a, b)
     with pytest.raises(ValueError, match="temperature"):
-        m.generate(prompt, 1, temperature=-1)
+        engine.generate(m, prompt, 1, temperature=-1)
     with pytest.raises(ValueError, match="top_k"):
-        m.generate(prompt, 1, top_k=0)
+        engine.generate(m, prompt, 1, top_k=0)
 
 
 @pytest.mark.parametrize("cfg,apps", [(tiny("hrm", N=2, T=3, S=2), 1 + 2 * 6 + 2 * 2),
@@ -183,7 +183,7 @@ def test_sampling_is_seeded_and_cache_agnostic():
                                       (tiny("hrm", N=2, T=3, S=2, fast_attn_steps=3, fast_only=True), 1 + 2 * 3)])
 def test_kv_cache_size(cfg, apps):
     m = build_model(cfg)
-    assert m.n_cache_apps() == apps
+    assert engine.n_cache_apps(m) == apps
     cache = engine.new_cache(m, batch_size=3)
     assert cache.nbytes() == engine.kv_cache_bytes(m, cfg.block_size, batch_size=3)
     assert engine.kv_cache_bytes(m, 100) == 2 * apps * 100 * cfg.n_embd * 4
@@ -245,9 +245,9 @@ def test_shared_cache_is_exact_where_nothing_is_shared():
     for cfg, kvs in [(tiny("hrm", N=1, T=1, K=1), ("last", "fired")), (tiny("unitf", M=1, K=1), ("last",))]:
         m = make(cfg, scale=4.0).eval()
         for kv in kvs:
-            assert engine.cache_slots(m, kv) == list(range(m.n_cache_apps()))
-        a = m.generate(torch.zeros((1, 3), dtype=torch.long), 20, temperature=0, kv=kvs[-1])
-        assert torch.equal(a, m.generate(torch.zeros((1, 3), dtype=torch.long), 20, temperature=0, use_cache=False))
+            assert engine.cache_slots(m, kv) == list(range(engine.n_cache_apps(m)))
+        a = engine.generate(m, torch.zeros((1, 3), dtype=torch.long), 20, temperature=0, kv=kvs[-1])
+        assert torch.equal(a, engine.generate(m, torch.zeros((1, 3), dtype=torch.long), 20, temperature=0, use_cache=False))
 
 
 @pytest.mark.parametrize("cfg", [tiny("hrm", N=2, T=2, K=1, S=2), tiny("unitf", M=3, K=2), tiny("transformer", n_layer=2)],
@@ -334,8 +334,9 @@ def test_pre_norm_and_fast_only_causality_and_cache(cfg):
     assert torch.equal(full[:, :13], b[:, :13]) and (full[:, 13:] - b[:, 13:]).abs().max() > 1e-4
     assert (torch.cat(chunks, 1) - full).abs().max().item() < 1e-4 and full.std() > 0.1
     c = m.config
-    apps = {"hrm": 1 + c.S * c.M + (0 if c.fast_only else c.S * c.N), "transformer": c.n_layer, "unitf": c.M}[c.arch]
-    assert cache.k.shape[0] == apps == m.n_cache_apps()
+    apps = (c.n_layer if c.arch == "transformer" else c.M if c.arch == "unitf" else
+            1 + c.S * c.M + (0 if c.fast_only else c.S * c.N))
+    assert cache.k.shape[0] == apps == engine.n_cache_apps(m)
 
 
 # --- sample.py on a tiny checkpoint: text out, greedy identical with and without the cache -----------
@@ -425,7 +426,7 @@ def test_streamed_text_equals_decoding_it_all_at_once(ckpt_dir):
     model = model_from_checkpoint(ck).eval()
     encode, decode = get_codec(ck["meta"])
     start = "ROMEO: ¿qué? ☃"
-    y = model.generate(torch.tensor([encode(start)]), 60, temperature=0)
+    y = engine.generate(model, torch.tensor([encode(start)]), 60, temperature=0)
     p = run_script("sample.py", f"--out_dir={ckpt_dir}", f"--start={start}", "--num_samples=1",
                    "--max_new_tokens=60", "--temperature=0")
     assert p.returncode == 0, p.stderr

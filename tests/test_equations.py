@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import engine
 from conftest import V, assert_grads_close, grads, grads_differ, make, tiny
 from model import ModelConfig, build_model
 
@@ -284,7 +285,7 @@ def test_chunked_bptt_is_S_passes_of_C_steps(batch):
     assert_grads_close(grads(chunked, loss), grads(full, ref))
     with torch.no_grad():
         torch.testing.assert_close(logits, full(idx)[0])
-    assert chunked.n_cache_apps() == full.n_cache_apps()
+    assert engine.n_cache_apps(chunked) == engine.n_cache_apps(full)
 
 
 # --- K_slow: the last Slow firings carry gradient too (docs/MODEL.md section 8) -------------------------------

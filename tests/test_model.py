@@ -3,10 +3,12 @@ RoPE, causality, config errors, the options beyond the paper (norm, fast_only, f
 golden fingerprints of the post-norm model."""
 
 import math
+import os
 
 import pytest
 import torch
 
+import engine
 from conftest import PAPER_SIZES, V, make, tiny
 from model import ModelConfig, apply_rope, build_model, rope_table
 
@@ -324,9 +326,61 @@ def test_set_depth_keeps_the_cache_slots_consistent():
     other = build_model(tiny("hrm", N=3, T=2)).eval()
     other.load_state_dict(m.state_dict())
     idx = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(1))
-    assert torch.equal(m.generate(idx, 6, top_k=1), other.generate(idx, 6, top_k=1))
+    assert torch.equal(engine.generate(m, idx, 6, top_k=1), engine.generate(other, idx, 6, top_k=1))
 
 
 def test_transformer_has_no_depth_to_set():
     with pytest.raises(ValueError, match="only hrm/unitf recur"):
         make(tiny("transformer", n_layer=2)).set_depth(3)
+
+
+STANDALONE = """
+import dataclasses, sys, torch
+import model
+ours = [m.__name__ for m in list(sys.modules.values()) if m.__name__ != "model" and
+        (getattr(m, "__file__", None) or "").startswith(sys.argv[1])]
+assert not ours, ours   # nothing of the project is imported beside model.py
+for arch in ("hrm", "transformer", "unitf"):
+    c = model.ModelConfig(arch=arch, vocab_size=50, block_size=16, n_embd=16, n_head=2)
+    torch.manual_seed(0)
+    m = model.build_model(c)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    idx = torch.randint(0, 50, (2, 16))
+    _, loss = m(idx, idx)
+    loss.backward()
+    opt.step()
+    after = m(idx, idx)[1].item()
+    assert after < loss.item(), (arch, loss.item(), after)
+    print(arch, f"{loss.item():.4f} -> {after:.4f}")
+"""
+
+
+def test_model_py_copied_alone_builds_and_trains_every_arch(tmp_path):
+    """model.py alone in an empty folder (a fresh interpreter whose only project file it is) builds each
+    architecture and takes a training step that lowers the loss on its batch."""
+    import shutil
+    import subprocess
+    import sys
+    from conftest import ROOT
+    shutil.copy(os.path.join(ROOT, "model.py"), tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, "-c", STANDALONE, str(tmp_path)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [line.split()[0] for line in p.stdout.splitlines()] == ["hrm", "transformer", "unitf"], p.stdout
+    with open(os.path.join(ROOT, "model.py")) as f:
+        imports = {line.split()[1].split(".")[0] for line in f if line.startswith(("import ", "from "))}
+    assert imports <= {"math", "dataclasses", "typing", "torch"}, imports
+
+
+@pytest.mark.parametrize("arch,change", [("hrm", {"n_embd": 32, "n_head": 4}), ("hrm", {"N": 3, "M": None}),
+                                         ("transformer", {"n_layer": 3}), ("unitf", {"M": 6}),
+                                         ("unitf", {"n_embd": 32, "n_head": 4})])
+def test_model_config_round_trips_through_replace(arch, change):
+    import dataclasses
+    c = ModelConfig(arch=arch, vocab_size=50, block_size=16, n_embd=16, n_head=2)
+    assert dataclasses.replace(c) == c
+    d = dataclasses.replace(c, **change)
+    assert all(getattr(d, k) == v for k, v in change.items() if v is not None)
+    assert d.M == {"hrm": d.N * d.T, "transformer": None, "unitf": change.get("M", 12)}[arch]
+    assert dataclasses.replace(d, **{k: getattr(c, k) for k in change}) == c   # and back

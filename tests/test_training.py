@@ -13,8 +13,8 @@ import torch
 
 from conftest import (ENV, HRM, PAPER_MODELS, ROOT, char_tiny, copy_run, one_error_line, patched, progress_losses,
                       raw_log, run_script, run_train, snapshot, train_cmd)
-from configurator import ConfigError, apply_config, read_settings
-from model import ModelConfig, build_model
+from configurator import ConfigError, apply_config, model_config, read_settings
+from model import build_model
 from plan import train_defaults
 
 # --- the configurator ---------------------------------------------------------------------------
@@ -159,7 +159,7 @@ def test_config_loads_and_builds(path):
     cfg = apply_config([path], train_defaults())
     cfg["vocab_size"] = cfg["vocab_size"] or {"shakespeare_char": 80}.get(cfg["dataset"], 50257)  # 0: from meta.json
     with torch.device("meta"):
-        model = build_model(ModelConfig.from_settings(cfg))
+        model = build_model(model_config(cfg))
     n = model.num_params()
     H_net = 21 * cfg["n_embd"] ** 2 + 4 * cfg["n_embd"] + 1 if cfg["fast_only"] else 0  # the control has none
     extra = cfg["n_embd"] if cfg["norm"] == "pre" and cfg["arch"] != "hrm" else 0      # pre-norm's final norm
@@ -266,7 +266,7 @@ ARCHS = {"hrm": HRM, "transformer": ["--arch=transformer", "--n_layer=2"],
          "unitf": ["--arch=unitf", "--M=3", "--K=2"]}
 
 
-@pytest.mark.time_limit(600)
+@pytest.mark.timeout(600)
 @pytest.mark.slow   # minutes: only these train and sample in bf16 (test_plan's bf16 test counts memory, on meta)
 @pytest.mark.parametrize("arch", ["hrm", "transformer", "unitf"])
 def test_bf16_trains_and_samples_on_cpu(arch, data_dir, tmp_path):
@@ -304,7 +304,7 @@ def finish():
 
 
 @pytest.mark.slow
-@pytest.mark.time_limit(1800)   # two compiled runs (up to 1200 s each on 2 cores) and an eager one
+@pytest.mark.timeout(1800)   # two compiled runs (up to 1200 s each on 2 cores) and an eager one
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compile_matches_eager_without_recompiles(arch, data_dir, tmp_path):
     """compile=True for a few iterations: the same losses as eager (float32, within 1e-4), and the graphs
