@@ -10,9 +10,10 @@ meta.json. Reading one back is data.py's (the module every script imports; this 
 The plays ship as Markdown; they are turned into plain play text first (speaker lines such as
 "ROMEO:", no markup), so samples read like a play. The three BPE datasets go through the same
 tokenise-and-write path (`tokenize_and_write`), so the tests of the default corpus exercise the
-code that prepares OpenWebText. meta.json names the tokenizer, the vocabulary and the token count
-of each split; train.py takes vocab_size from it and checks the files against it (data.check_dataset),
-and sample.py decodes through it (data.get_codec).
+code that prepares OpenWebText. There tiktoken's batch encoder runs on --num_threads threads, a chunk at a
+time; between chunks the main thread writes the tokens and answers a signal. meta.json names the tokenizer,
+the vocabulary and the token count of each split; train.py takes vocab_size from it and checks the files
+against it (data.check_dataset), and sample.py decodes through it (data.get_codec).
 A dataset is published whole or not at all: the three files are written into a folder beside the
 target (data/<dataset>.tmp.<pid>) and swapped into place at the end, so a crash or Ctrl-C leaves the
 previous dataset as it was, never a train.bin of one run beside a val.bin of another.
@@ -38,7 +39,6 @@ import hashlib  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
-import _thread  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
@@ -52,57 +52,87 @@ OURS = ("train.bin", "val.bin", "meta.json")   # what prepare.py writes into a d
 OURS_OLD = tuple(n + ".tmp" for n in OURS)     # the temporary names of earlier versions of prepare.py
 
 
-def _die_with_parent():
-    """In a tokenizer worker, right after the fork: die when prepare.py dies, even by SIGKILL (Linux's
-    PR_SET_PDEATHSIG), instead of living on as an orphan holding its memory. An idle pool worker would never
-    notice otherwise: it waits on a queue whose write end it holds itself.
-    Signals are the parent's to handle: a worker ignores SIGINT (a terminal's Ctrl-C reaches the whole process
-    group) and dies at once on SIGTERM, which is how the pool stops it. Inheriting the parent's handler instead,
-    a worker turned the pool's SIGTERM into a KeyboardInterrupt, stopped holding the queue's lock, and the pool
-    and its workers then waited on each other for ever."""
-    import ctypes
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
+PIECE_CHARS = 1 << 17   # a longer document is encoded in pieces of about this many characters (see `pieces`)
+CHUNK_CHARS = 1 << 20   # characters per thread that tiktoken encodes between two of the main thread's checks
+_CUT = re.compile(r"\S(?=[ \t\n\r])")   # where `pieces` may cut: just after a non-space, before ASCII whitespace
 
 
-_WORKERS_GUARDED = []
+def pieces(text, size):
+    """text in pieces of at least `size` characters (the last one shorter) whose tokens, joined, are text's: each
+    cut falls between a character that is not whitespace and an ASCII space, tab or line break, where GPT-2's
+    pre-tokenizer (data.get_tokenizer's pattern) always parts, whatever surrounds the cut (no pre-token holds
+    both, none looks across it), and BPE merges only within a pre-token. A text with no such place stays whole."""
+    start = 0
+    while len(text) - start > size:
+        m = _CUT.search(text, start + size)
+        if m is None:
+            break
+        yield text[start:m.end()]
+        start = m.end()
+    yield text[start:]
 
 
-def _tokenize(example):
-    enc = get_tokenizer()
-    ids = enc.encode_ordinary(example["text"]) + [enc.eot_token]  # every document ends with <|endoftext|>
-    return {"ids": ids, "len": len(ids)}
+def chunks(texts, chars):
+    """The documents in texts (an iterable of strings) as lists of (piece, whether it ends its document) of
+    about `chars` characters each."""
+    chunk, size = [], 0
+    for text in texts:
+        parts = list(pieces(text, PIECE_CHARS))
+        for i, part in enumerate(parts):
+            chunk.append((part, i == len(parts) - 1))
+            size += len(part)
+            if size >= chars:
+                yield chunk
+                chunk, size = [], 0
+    if chunk:
+        yield chunk
 
 
-def tokenize_and_write(splits, out_dir, num_proc=1, source=None):
-    """splits: {"train": datasets.Dataset with a "text" column, "val": ...} -> out_dir/{train,val}.bin.
+def documents(texts):
+    """The texts of a split: a list of strings, or a datasets.Dataset's "text" column read in batches."""
+    if isinstance(texts, list):
+        yield from texts
+    else:
+        for batch in texts.iter(batch_size=1024):
+            yield from batch["text"]
 
-    Returns {split: number of tokens}. The files are published together (see `staged`). `source` (see
-    fingerprint) goes into meta.json, so that preparing the same input again can be skipped.
+
+def tokenize_and_write(splits, out_dir, num_threads=1, source=None):
+    """splits: {"train": texts, "val": texts}, each a list of documents' texts or a datasets.Dataset with a "text"
+    column -> out_dir/{train,val}.bin: each document's GPT-2 tokens, then <|endoftext|>.
+
+    tiktoken's batch encoder spreads each chunk (CHUNK_CHARS per thread) over num_threads threads; the main
+    thread writes its tokens, then checks for a signal (stop_if_signalled) before the next. Returns {split: number
+    of tokens}. The files are published together (see `staged`). `source` (see fingerprint) goes into meta.json,
+    so that preparing the same input again can be skipped.
     """
     from tqdm import tqdm
-    if num_proc > 1 and sys.platform.startswith("linux") and not _WORKERS_GUARDED:   # every worker forked from now
-        os.register_at_fork(after_in_child=_die_with_parent)
-        _WORKERS_GUARDED.append(True)
+    enc = get_tokenizer()
+    chars = CHUNK_CHARS * num_threads
     counts = {}
     with staged(out_dir) as tmp:
-        for split, dset in splits.items():
-            if len(dset) == 0:
+        for split, texts in splits.items():
+            if len(texts) == 0:
                 raise ValueError(f"the {split} split has no documents")
-            tok = dset.map(_tokenize, remove_columns=dset.column_names,
-                           num_proc=num_proc if len(dset) > 1 else None, desc=f"tokenizing {split}")
-            n = int(np.sum(tok["len"], dtype=np.int64))
-            path = os.path.join(out_dir, f"{split}.bin")
-            n_shards = max(1, min(1024, len(tok)))
+            path, n = os.path.join(out_dir, f"{split}.bin"), 0
+            small = isinstance(texts, list) and sum(map(len, texts)) <= chars   # done at once: no progress bar
             # plain writes, not a memmap: on a full disk a write raises OSError, a memmap's page dies by SIGBUS
-            with open(os.path.join(tmp, f"{split}.bin"), "wb") as f:
-                for i in tqdm(range(n_shards), desc=f"writing {path}", disable=n_shards < 16):
-                    shard = tok.shard(num_shards=n_shards, index=i, contiguous=True).with_format("numpy")
-                    if len(shard) > 0:
-                        f.write(np.concatenate(shard["ids"]).astype(np.uint16).tobytes())
+            with open(os.path.join(tmp, f"{split}.bin"), "wb") as f, \
+                    tqdm(total=len(texts), desc=f"tokenizing {split}", unit="doc", disable=small) as bar:
+                for chunk in chunks(documents(texts), chars):
+                    stop_if_signalled()
+                    ids = []
+                    for tokens, (_, last) in zip(enc.encode_ordinary_batch([p for p, _ in chunk],
+                                                                           num_threads=num_threads), chunk):
+                        ids += tokens
+                        if last:
+                            ids.append(enc.eot_token)   # every document ends with <|endoftext|>
+                    f.write(np.array(ids, dtype=np.uint16).tobytes())
+                    n += len(ids)
+                    bar.update(sum(last for _, last in chunk))
             counts[split] = n
             print(f"{path}: {n:,} tokens")
+        stop_if_signalled()
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump({"vocab_size": 50257, "tokenizer": "gpt2", "dtype": "uint16", "tokens": counts,
                        "source": source}, f, indent=1)
@@ -239,11 +269,9 @@ def up_to_date(out_dir, source):
         return False
 
 
-def prepare_documents(docs, out_dir, num_proc=1, min_val_frac=0.05, source=None):
-    train, val = split_documents(docs)   # first: its errors come before the slow import
-    from datasets import Dataset
-    counts = tokenize_and_write({"train": Dataset.from_dict({"text": train}),
-                                 "val": Dataset.from_dict({"text": val})}, out_dir, num_proc, source)
+def prepare_documents(docs, out_dir, num_threads=1, min_val_frac=0.05, source=None):
+    train, val = split_documents(docs)
+    counts = tokenize_and_write({"train": train, "val": val}, out_dir, num_threads, source)
     frac = counts["val"] / (counts["train"] + counts["val"])
     held = "the end of the only document" if len(docs) == 1 else f"{len(val)} of {len(docs)} documents"
     print(f"val holds {held}, {frac:.1%} of the tokens")
@@ -276,18 +304,19 @@ def prepare_chars(docs, out_dir, source=None):
     return counts
 
 
-def prepare_openwebtext(out_dir, num_proc, source=None):
-    """OpenWebText with nanoGPT's held-out split (0.05% of documents, seed 2357)."""
+def prepare_openwebtext(out_dir, num_threads, source=None):
+    """OpenWebText with nanoGPT's held-out split (0.05% of documents, seed 2357). `datasets` downloads and
+    converts it in this process: its num_proc would fork workers, which inherit prepare.py's signal handlers."""
     from datasets import load_dataset
     try:
-        ds = load_dataset("openwebtext", num_proc=num_proc)
+        ds = load_dataset("openwebtext")
     except Exception as e:  # no network, hub down, ...: one line, not a traceback
         fail(f"could not load openwebtext through `datasets` ({type(e).__name__}: "
              f"{str(e).splitlines()[0] if str(e) else ''}). It needs network access to the Hugging Face "
              f"hub; offline, `python prepare.py --dataset=openwebtext --input=DIR` prepares a local folder of "
              f"text under that name (or `python prepare.py` the bundled Shakespeare corpus)")
     split = ds["train"].train_test_split(test_size=0.0005, seed=2357, shuffle=True)
-    return tokenize_and_write({"train": split["train"], "val": split["test"]}, out_dir, num_proc, source)
+    return tokenize_and_write({"train": split["train"], "val": split["test"]}, out_dir, num_threads, source)
 
 
 _REPLACED = [0]   # bytes the "prepare.count" handler replaced
@@ -351,47 +380,45 @@ GRACE_S = 10   # after a signal, how long the orderly stop may take before Inter
 
 class Interrupts:
     """SIGINT and SIGTERM during prepare.py: stop within seconds at any moment, undo the staged dataset (the
-    previous one stays), name the signal and exit 128 + its number. The first signal raises KeyboardInterrupt
-    in the main thread. Python drops that exception where it lands in a callback (logging's at-fork hook runs
-    at every worker's fork), so until our own code has it (`seen`), a watcher thread raises it again every
-    half second; past GRACE_S (a pool stuck tearing down) or on a second signal the process ends at once."""
+    previous one stays), name the signal and exit 128 + its number. Python runs the handler in the main thread,
+    which, while tiktoken's threads encode, only waits for them: the first signal raises KeyboardInterrupt there
+    and is kept, so that where Python drops that exception (a finaliser) the next chunk stops instead
+    (stop_if_signalled). The last resort, for a main thread that neither reaches (stuck in a long C call): past
+    GRACE_S, or on a second signal, the process settles its staging folder and exits itself."""
 
     def __init__(self, out_dir):
-        self.out_dir, self.signals, self.repeats, self.seen = out_dir, [], 0, threading.Event()
+        self.out_dir, self.signals, self.seen = out_dir, [], threading.Event()
         self.unraisable = sys.unraisablehook
         sys.unraisablehook = self.dropped
 
     def dropped(self, what):
-        """Our KeyboardInterrupt dropped in a finaliser (a Dataset's __del__): the watcher raises it again,
-        so no "Exception ignored" traceback for it; anything else is reported as Python would."""
+        """Our KeyboardInterrupt dropped in a finaliser: the next chunk stops (stop_if_signalled), so no
+        "Exception ignored" traceback for it; anything else is reported as Python would."""
         if not (self.signals and isinstance(what.exc_value, KeyboardInterrupt)):
             self.unraisable(what)
 
     def __call__(self, signum, frame):
-        if self.repeats:          # the watcher's repeat of the first signal
-            self.repeats -= 1
-            raise KeyboardInterrupt
         self.signals.append(signum)
         if len(self.signals) > 1:
             self.end(f"then by {signal.Signals(signum).name}")   # a second signal: the user insists
-        threading.Thread(target=self.watch, daemon=True).start()
+        else:
+            threading.Thread(target=self.watch, daemon=True).start()
         raise KeyboardInterrupt
 
     def watch(self):
         deadline = time.monotonic() + GRACE_S
         while not self.seen.wait(0.5):
             if time.monotonic() > deadline:
-                self.end(f"{GRACE_S} s after it, the tokenizer pool still stopping")
-            self.repeats += 1
-            _thread.interrupt_main(self.signals[0])
+                self.end(f"{GRACE_S} s after it, still not stopped")
+                return
 
     def name(self):
         return signal.Signals(self.signals[0] if self.signals else signal.SIGINT).name
 
     def stop(self, how=None):
         """The orderly stop, in the main thread once our code has the KeyboardInterrupt (a plain one, without a
-        signal, is a Ctrl-C that came as a worker's error: SIGINT). os._exit past the interpreter's exit, whose
-        multiprocessing hooks can wait on a pool's workers."""
+        signal, is a Ctrl-C all the same: SIGINT). os._exit past the interpreter's exit, which would wait for any
+        tokenizer thread still encoding."""
         self.seen.set()
         fail(f"interrupted by {self.name()}{how or ''}; {self.out_dir} {dataset_state(self.out_dir)}",
              code=SIGNALLED + (self.signals[0] if self.signals else signal.SIGINT), now=True)
@@ -407,6 +434,13 @@ class Interrupts:
         self.stop(f" ({how})")
 
 
+def stop_if_signalled():
+    """Between two chunks of work: raise KeyboardInterrupt if prepare.py got a signal (see Interrupts)."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if isinstance(handler, Interrupts) and handler.signals:
+        raise KeyboardInterrupt
+
+
 def dataset_state(out_dir):
     return "holds the new dataset, whole" if os.path.realpath(out_dir) in PUBLISHED else "was left as it was"
 
@@ -417,15 +451,17 @@ def main(argv=None):
                     help="shakespeare | shakespeare_char | openwebtext | a name for --input")
     ap.add_argument("--input", default=None, help="a folder of .txt/.md texts (or one text file) to prepare offline")
     ap.add_argument("--data_dir", default="data", help="output goes to DATA_DIR/DATASET/")
-    ap.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenising processes")
+    ap.add_argument("--num_threads", "--num_proc", type=int, help="threads of tiktoken's batch encoder (--num_proc: "
+                    "its former name)", default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                    else os.cpu_count() or 1)
     ap.add_argument("--force", action="store_true", help="prepare again even if the dataset is up to date")
     args = ap.parse_args(argv)
     out_dir = os.path.join(args.data_dir, args.dataset)
     # everything checkable before work
     if not re.fullmatch(r"[\w.-]+", args.dataset) or args.dataset in (".", ".."):
         fail(f"--dataset must be a plain folder name (letters, digits, _ . -), got {args.dataset!r}")
-    if args.num_proc < 1:
-        fail(f"--num_proc must be >= 1, got {args.num_proc}")
+    if args.num_threads < 1:
+        fail(f"--num_threads must be >= 1, got {args.num_threads}")
     for path, what in ((args.data_dir, "--data_dir"), (out_dir, "the dataset folder")):
         if os.path.exists(path) and not os.path.isdir(path):
             fail(f"{what} {path!r} is a file, not a folder; give another --data_dir or --dataset")
@@ -447,9 +483,9 @@ def main(argv=None):
         if char:
             counts = prepare_chars(docs, out_dir, source)
         elif docs is not None:
-            counts = prepare_documents(docs, out_dir, args.num_proc, source=source)
+            counts = prepare_documents(docs, out_dir, args.num_threads, source=source)
         else:
-            counts = prepare_openwebtext(out_dir, args.num_proc, source)
+            counts = prepare_openwebtext(out_dir, args.num_threads, source)
         if interrupts.signals:   # a signal whose KeyboardInterrupt never reached us: the work was done first
             interrupts.stop()
         return counts

@@ -19,12 +19,13 @@ Remedies:
   mult0.01   the same at 0.01x
 Phases (hyperparameters are chosen on seeds 7 and 8, which no test uses):
   A. selection, seed 7: for each HRM arm every remedy at the arm's centre lr (equalparam.py's) and half of it, grown
-     a factor 2 at a time where a remedy's best is at an edge; the Transformers at their centre, half and double.
-     NT=8 at d=128 first.
+     a factor 2 at a time where a remedy's best alive run is at an edge, and downward while none is alive; the
+     Transformers at their centre, half and double. NT=8 at d=128 first.
   B. the runner-up rule for every arm: the best and the runner-up (remedy, lr) with seed 8 too; the chosen one is
      the lower 2-seed mean. For HRM only alive runs compete: both blocks off must cost >= ALIVE nats at seed 7.
   C. the test: each arm's choice at seeds 1337, 42, 2024 (paired by seed with the Transformer of its width).
   W. the width control: HRM NT=8 at d=128 at lr 1.25e-3 (d=256's lr), the paper's setting, the test seeds.
+  BPE: the BPE testbed's post-norm HRM and Transformer at their best 400-iteration lr for 2000 iterations.
 Readings: for every finished HRM run, alive.json beside its log (from its last checkpoint, 64 validation sequences
 of 128 characters): alpha_L, alpha_H, val CE, and the CE cost of the Fast block off, the Slow block off, both off
 (analyze.py's alive readings), of z_H frozen (H-frozen), val CE at 0.5x-4x the trained depth; for test-seed runs
@@ -49,7 +50,7 @@ REMEDIES = {"paper": [], "fixed": ["--learn_alpha=False"], "mult0.1": ["--scalar
 HRM_ARMS = ("hrm-nt8", "hrm-nt4", "hrm-nt12", "hrm-nt8-d256")
 TF_OF = {"hrm-nt4": "tf-d128", "hrm-nt8": "tf-d128", "hrm-nt12": "tf-d128", "hrm-nt8-d256": "tf-d256"}
 TF_ARMS = ("tf-d128", "tf-d256")
-REACH = 3                        # the lr grid grows at most 2^3 = 8x from the centre either way
+REACH = 4                        # the lr grid grows at most 2^4 = 16x from the centre either way
 WIDTH = ("hrm-nt8", -3)          # (arm, k): lr 1e-2 * 2^-3 = 1.25e-3, the paper's setting
 
 
@@ -85,7 +86,7 @@ def reading(out_dir):
         if not sweep.finished(out_dir) or not os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
             return None
         import torch
-        from analyze import alive, decode_ce, depth_table, load, slow_module_frozen, val_batches, val_ce
+        from analyze import alive, decode_ce, depth_table, load, slow_module_frozen, step_stats, val_batches, val_ce
         torch.set_num_threads(1)
         model, ck = load(out_dir, "ckpt_last.pt", "cpu")
         if ck["iter_num"] != sweep.max_iters_of(sweep.facts(out_dir)["command"].split()):
@@ -96,7 +97,9 @@ def reading(out_dir):
             frozen = val_ce(model, batches, "cpu") - ce
         r = {"iter": ck["iter_num"], "ce": ce, "h_frozen": frozen, **alive(model, batches, "cpu", ce),
              "depth": depth_table(model, batches, "cpu", sweep.DEPTHS)}
-        if int(sweep.seed_of(out_dir)) in SEEDS:   # a test run: decoding's CE under each cache policy too
+        steps, r["fusion"] = step_stats(model, batches, "cpu")
+        r["gate_L"] = sum(x["gate"] for x in steps) / len(steps)   # the Fast module's mean gate g over the steps
+        if int(sweep.seed_of(out_dir)) in SEEDS and "bpe" not in out_dir:   # a test run: decoding's CE by policy too
             r["kv"] = {kv: decode_ce(model, batches, "cpu", kv) for kv in ("full", "last", "fired")}
         with open(path + ".tmp", "w") as f:
             json.dump(r, f, indent=1)
@@ -126,23 +129,29 @@ def ranked(arm):
 
 
 def phase_a(arm):
-    """The selection grid's start, then one lr step outward wherever a remedy's seed-7 best is at an edge."""
+    """The selection grid's start; then, for each remedy, one lr step outward where its best alive seed-7 run is at
+    an edge of what was tried, or one step below the lowest lr tried where no run is alive yet (for HRM only
+    alive runs compete: a lower lr keeps alpha from collapsing)."""
     start = (0, -1) if arm in HRM_ARMS else (0, -1, 1)
     rems = REMEDIES if arm in HRM_ARMS else ["paper"]
     jobs = [job(arm, r, k, SELECT[0]) for k in start for r in rems]
     for r in rems:
         ks = [k for rr, k in tried(arm) if rr == r]
-        if ks and all(k in ks for k in start):
-            best = min(ks, key=lambda k: val(arm, r, k, SELECT[0]))
-            jobs += [job(arm, r, j, SELECT[0]) for j in (best - 1, best + 1) if abs(j) <= REACH]
+        live = {k: True if arm in TF_ARMS else is_alive(job(arm, r, k, SELECT[0])[0]) for k in ks}
+        if not ks or not all(k in ks for k in start) or None in live.values():
+            continue   # the start not through, or a run not read yet
+        ok = [k for k in ks if live[k]]
+        nxt = [min(ks) - 1] if not ok else [j for j in (min(ok, key=lambda k: val(arm, r, k, SELECT[0])) + d
+                                                        for d in (-1, 1))]
+        jobs += [job(arm, r, j, SELECT[0]) for j in nxt if abs(j) <= REACH]
     return jobs
 
 
 def top_two(arm):
     """The best and the runner-up of the arm's selection (once bracketed: each has its lr neighbours tried)."""
     r = ranked(arm)
-    if not r:
-        return []
+    if not r or any(not sweep.finished(d) for d, _ in phase_a(arm)):
+        return []   # nothing alive yet, or the selection grid still growing
     done = tried(arm)
     rem, k = r[0]
     if not all((rem, j) in done or abs(j) > REACH for j in (k - 1, k + 1)):
@@ -177,11 +186,21 @@ def phase_r(arm):
     return [] if k is None else [job(arm, "paper", k, s, name=f"{arm}-rerun") for s in SEEDS]
 
 
+BPE = ("hrm-post", "transformer-post")   # the BPE testbed's post-norm HRM and Transformer: a stall, or slow?
+BPE_ITERS = 2000
+
+
+def phase_bpe():
+    """Each at its best 400-iteration lr (docs/sweep.py), for 2000 iterations, seed 1337: does the post-norm
+    Transformer's 'stall' at the unigram line (section 4) end with 5x the training?"""
+    return [sweep.command("bpe", v, sweep.best_lr("bpe", v), SEEDS[0], iters=BPE_ITERS, out=OUT) for v in BPE]
+
+
 def groups():
     """The jobs in the order they run, as groups: each arm's selection and test before the next arm's, so every
     session's work completes a comparison (NT=8 at d=128 and its Transformer first)."""
     return [phase_a("hrm-nt8"), phase_a("tf-d128"), phase_b("hrm-nt8") + phase_b("tf-d128"),
-            phase_c("hrm-nt8") + phase_c("tf-d128"), phase_r("hrm-nt8"), phase_w(),
+            phase_c("hrm-nt8") + phase_c("tf-d128"), phase_r("hrm-nt8"), phase_w(), phase_bpe(),
             *[f(arm) for arm in ("hrm-nt4", "hrm-nt12") for f in (phase_a, phase_b, phase_c, phase_r)],
             *[f(arm) for f in (phase_a, phase_b, phase_c) for arm in ("hrm-nt8-d256", "tf-d256")], phase_r("hrm-nt8-d256")]
 
@@ -202,7 +221,7 @@ def next_jobs(workers):
 
 def hrm_dirs():
     """Every finished HRM run of this runner's jobs."""
-    return [d for d, _ in all_jobs() if "hrm" in d.split(os.sep)[1] and sweep.finished(d)]
+    return [d for d, _ in all_jobs() if "hrm" in d and sweep.finished(d)]
 
 
 def read_finished():
@@ -373,11 +392,30 @@ def readings_table():
     print()
 
 
+def bpe_table():
+    done = [(v, d) for v, (d, _) in zip(BPE, phase_bpe()) if sweep.finished(d)]
+    if not done:
+        return
+    uni = sweep.unigrams()["bpe"]
+    its = (400, 1000, 2000)
+    print(f"### BPE testbed, post-norm, {BPE_ITERS} iterations at the best 400-iteration lr, seed {SEEDS[0]} "
+          f"(unigram line {uni:.3f})\n")
+    print("| variant | lr | " + " | ".join(f"val CE at {i}" for i in its) + " | below unigram at the end | "
+          "alpha_L / alpha_H | blocks off: Fast, Slow, both | H frozen |\n|---|---|" + "---|" * (len(its) + 4))
+    for v, d in done:
+        log = {r["iter"]: r for r in sweep.run_log(d) if "val_loss" in r}
+        cells = " | ".join(f"{log[i]['val_loss']:.3f}" if i in log else "-" for i in its)
+        alive = alive_cells([d]) if "hrm" in v else "- | - | -"
+        print(f"| {v} | {ep.lr_text(sweep.best_lr('bpe', v))} | {cells} | {uni - sweep.final_val(d):+.3f} | {alive} |")
+    print()
+
+
 def tables():
     selection_table()
     test_table()
     readings_table()
     reruns_table()
+    bpe_table()
     done = [d for d, _ in all_jobs() if sweep.finished(d)]
     from long_run import train_seconds
     hours = sum(train_seconds(sweep.run_log(d)) for d in done) / 3600
@@ -393,7 +431,7 @@ def main():
         sweep.dry_run(all_jobs())
         return
     if not args.tables:
-        sweep.require_data("alive.py", [("shakespeare_char", "--dataset=shakespeare_char")])
+        sweep.require_data("alive.py", [("shakespeare_char", "--dataset=shakespeare_char"), ("shakespeare", "")])
         run(args.workers)
         read_finished()
     tables()

@@ -324,7 +324,7 @@ def gap_changes(table):
             print(f"| {a} - {b} | {c} - {d} | {what} | {p or '-'} | - | {stats.verdict(p)} |")
 
 
-# --- phi: arXiv 2604.21106's recurrence-equivalence exponent --------------------------------------
+# --- P_flat: the flat size each HRM matches (2604.21106's phi read off it; its magnitudes are withdrawn) ---
 
 def param_split(arm):
     """(N_once, [(r, N_rec), ...]) of an HRM arm, counted on the model its runs built (meta device): the Fast
@@ -349,59 +349,41 @@ def flat_ln_params(ce, curve):
     return x0 + (ce - y0) * (x1 - x0) / (y1 - y0) if y1 != y0 else math.nan
 
 
-def phi_of(ln_p, once, rec):
-    """phi with N_once + sum r^phi N_rec = P, the paper's effective parameters (2604.21106, Eq. 1):
-    -inf where P is at most N_once (the loops would be worth less than nothing), by bisection otherwise."""
-    if not math.isfinite(ln_p):
-        return math.nan
-    f = lambda phi: once + sum(r ** phi * n for r, n in rec) - math.exp(ln_p)  # noqa: E731 (increasing in phi)
-    if f(-60.0) >= 0:
-        return -math.inf
-    lo, hi = -60.0, 60.0
-    if f(hi) < 0:
-        return math.inf
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
-    return (lo + hi) / 2
-
-
-def phi_text(v):
-    return "-inf" if v == -math.inf else "+inf" if v == math.inf else f"{v:+.2f}"
-
-
-def phi_table(table):
-    """Per seed, the flat curve through the Transformer widths, the P each HRM arm's CE sits at on it, and phi
-    from that P, two ways; the interval is the t interval of the seeds' mean ln P, carried through to phi."""
+def flat_size_table(table):
+    """Per seed, the flat curve through the Transformer widths and the stored parameters at which it reaches each HRM
+    arm's CE (P_flat), with the t interval of the seeds' mean ln P_flat. phi's magnitudes are withdrawn (docs/RESULTS.md
+    section 9): one token budget, an extrapolation below d=32, a curve flat at its top, and 'whole' phi is not
+    2604.21106's definition; the direct tests against each Transformer width stand in for them."""
     if not all(a in table for a in FLAT):
         return
     size = {a: sweep.facts(chosen_dirs(a)[0])["params"] for a in FLAT}
-    print("### Headline settings: the flat size each HRM matches, and the recurrence-equivalence exponent phi "
-          "(arXiv 2604.21106: 0.46, 0.38 under truncated backprop)\n")
-    print("P_flat: the stored parameters at which the Transformer L=4 (d=32 to 256, one curve per seed, linear in "
-          "ln P between widths, its end segments extended beyond them) reaches the arm's CE. phi, split as "
-          "2604.21106 does: N_once + M^phi N_Fast + N^phi N_Slow = P_flat (-inf: P_flat is at most N_once, what "
-          "runs once). phi, whole: P_flat = M^phi P, every parameter counted as looped M times. Intervals: the t "
-          "interval of the seeds' mean ln P_flat (paired by seed), mapped through.\n")
-    print("| arm | params: once + Fast x M + Slow x N | P_flat [95% CI] | P_flat / P | phi, split [95% CI] | "
-          "phi, whole [95% CI] | seeds |\n|---|---|---|---|---|---|---|")
+    print("### Headline settings: the flat size each HRM matches (P_flat), at equal tokens\n")
+    print("P_flat: the stored parameters at which the Transformer L=4 (d=32 to 256, one curve per seed, linear in ln P "
+          "between widths, its end segments extended beyond them) reaches the arm's CE. Extrapolated: the seeds whose "
+          "CE lies outside the curve's measured range (above d=32's or below d=256's), where P_flat is the end "
+          "segment's extension. Interval: the t interval of the seeds' mean ln P_flat. Once: the stored parameters "
+          "HRM runs once (embedding, input block, fusion).\n")
+    print("| arm | params: once + Fast x M + Slow x N | P_flat [95% CI] | P_flat / P | extrapolated | seeds |\n"
+          "|---|---|---|---|---|---|")
     for arm in [a for a in LOOPED if a in table]:
         seeds = [s for s in SEEDS if s in table[arm] and all(s in table[a] for a in FLAT)]
         if len(seeds) < 2:
             continue
-        lnp = {s: flat_ln_params(table[arm][s], [(math.log(size[a]), table[a][s]) for a in FLAT]) for s in seeds}
+        curves = {s: [(math.log(size[a]), table[a][s]) for a in FLAT] for s in seeds}
+        lnp = {s: flat_ln_params(table[arm][s], curves[s]) for s in seeds}
         ci = stats.paired(lnp, {s: 0.0 for s in seeds})     # the t interval of mean ln P_flat, as gap_changes'
         if ci is None:                                        # under 2 seeds with a finite P_flat
             continue
+        above = [s for s in seeds if table[arm][s] > max(y for _, y in curves[s])]   # worse than d=32: P_flat below it
+        below = [s for s in seeds if table[arm][s] < min(y for _, y in curves[s])]   # better than d=256: above it
         once, rec = param_split(arm)
         total, M = once + sum(n for _, n in rec), rec[0][0]
-        mean, ends = ci.diff, (ci.diff, ci.lo, ci.hi)
-        p = [math.exp(x) / 1e6 for x in ends]
-        split = [phi_text(phi_of(x, once, rec)) for x in ends]
-        whole = [phi_text((x - math.log(total)) / math.log(M)) for x in ends]
+        p = [math.exp(x) / 1e6 for x in (ci.diff, ci.lo, ci.hi)]
+        where = ", ".join([f"{len(above)} of {len(seeds)} below d=32"] * bool(above) +
+                          [f"{len(below)} of {len(seeds)} above d=256"] * bool(below)) or "none"
         print(f"| {label(arm)} | {once / 1e6:.2f}M + {rec[0][1] / 1e6:.2f}M x {M} + {rec[1][1] / 1e6:.2f}M x "
-              f"{rec[1][0]} | {p[0]:.3f}M [{p[1]:.3f}M, {p[2]:.3f}M] | {math.exp(mean) / total:.3f} | "
-              f"{split[0]} [{split[1]}, {split[2]}] | {whole[0]} [{whole[1]}, {whole[2]}] | {len(seeds)} |")
+              f"{rec[1][0]} | {p[0]:.3f}M [{p[1]:.3f}M, {p[2]:.3f}M] | {math.exp(ci.diff) / total:.3f} | {where} | "
+              f"{len(seeds)} |")
     print()
 
 
@@ -470,7 +452,7 @@ def tables():
     if table:
         seeds_table(table, uni)
         differences(table)
-        phi_table(table)
+        flat_size_table(table)
         readings_table()
     done = [d for d, _ in all_jobs() if sweep.finished(d)]
     from long_run import train_seconds

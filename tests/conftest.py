@@ -1,17 +1,15 @@
 """What more than one test file uses: the tiny train.py settings and runs, the datasets, the log readers,
 the one-line error check, a script run under a patch, a fresh clone of the repository, bench.py's memory
-measurement, the paper's sizes, the small models of the model tests; and the suite's own options: a time
-limit per test (a hang fails) and --shuffle=SEED (the tests in a shuffled order)."""
+measurement, the paper's sizes, the small models of the model tests; and the suite's own option: 2 processes
+where pytest-xdist is installed (a time limit per test and a shuffled order are plugins', set in pytest.ini)."""
 
 import functools
 import hashlib
 import json
 import os
-import random
 import re
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -19,8 +17,8 @@ import time
 import pytest
 import torch
 
-# Under pytest-xdist (pytest.ini runs 2 workers, one per core of a 2-core machine) each worker and every process
-# it starts keep to one thread: two workers' OpenMP threads contending for 2 cores run 5-10x slower.
+# Under pytest-xdist (pytest_cmdline_main below runs 2 workers, one per core of a 2-core machine) each worker and every
+# process it starts keep to one thread: two workers' OpenMP threads contending for 2 cores run 5-10x slower.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"   # the processes it starts
     torch.set_num_threads(1)              # this one
@@ -59,7 +57,7 @@ def data_dir(tmp_path_factory):
     """Five Shakespeare plays through prepare.py's real tokenise-and-write path."""
     from prepare import prepare_documents, shakespeare_plays
     d = tmp_path_factory.mktemp("data")
-    prepare_documents(shakespeare_plays()[:5], str(d / "shakespeare"), num_proc=1)
+    prepare_documents(shakespeare_plays()[:5], str(d / "shakespeare"), num_threads=1)
     return str(d)
 
 
@@ -297,113 +295,26 @@ PAPER_MODELS = {
 PAPER_SIZES = list(PAPER_MODELS.values())   # [(ModelConfig fields, parameters)]
 
 
-# --- the suite's options: a time limit per test, a shuffled order ---------------------------------------------------
+# --- the suite's options: two processes where pytest-xdist is installed -------------------------------------------
 
-def pytest_addoption(parser):
-    parser.addini("test_time_limit", "seconds a test may take, its fixtures' setup and teardown included, before it "
-                  "fails (0: no limit); a test marked time_limit(s) gets s", default="0")
-    parser.addoption("--time-limit", type=float, default=None, metavar="S",
-                     help="override pytest.ini's test_time_limit (0: no limit)")
-    parser.addoption("--shuffle", type=int, default=None, metavar="SEED",
-                     help="run the collected tests in an order shuffled by SEED (default: the collected order)")
-
-
-def pytest_collection_modifyitems(config, items):
-    seed = config.getoption("--shuffle")
-    if seed is not None:
-        random.Random(seed).shuffle(items)
-
-
-def pytest_report_header(config):
-    seed, limit = config.getoption("--shuffle"), time_limit_of(config)
-    return [f"order: shuffled with --shuffle={seed}" if seed is not None else "order: as collected",
-            f"time limit per test: {limit:g} s (pytest.ini test_time_limit; --time-limit)" if limit else
-            "time limit per test: none"]
-
-
-def time_limit_of(config, item=None):
-    """A test's time limit, s (0: none): --time-limit=0 turns every limit off; else the test's time_limit mark,
-    else --time-limit, else pytest.ini's test_time_limit."""
-    opt = config.getoption("--time-limit")
-    marker = item.get_closest_marker("time_limit") if item is not None else None
-    if opt == 0 or not marker:
-        return float(config.getini("test_time_limit") if opt is None else opt)
-    return float(marker.args[0])
-
-
-class TimeLimitExceeded(Exception):
-    """A test ran past its time limit (raised in the test's own code, from SIGALRM)."""
-
-
-_deadline, _stderr_fd = pytest.StashKey(), pytest.StashKey()
-TEARDOWN_GRACE = 60   # s: a teardown may always finish (a tmpfs to unmount), even past the deadline
-BACKSTOP = 120        # s past the deadline and the grace: the Python handler cannot run (the main thread is
-                      # stuck in C code), so faulthandler prints every thread's stack and exits pytest
-
+# The rest is plugins' (requirements.txt; pytest.ini sets them): pytest-timeout's limit per test, fixtures included,
+# and pytest-random-order's shuffle, off unless asked: --random-order-bucket=global (--random-order-seed=SEED to repeat
+# one) shuffles every collected test across files, all that the suite needs of a shuffle, the same order on each xdist
+# worker (it hands them the seed). Not pytest-randomly: it shuffles every run unless turned off, only files and the
+# tests within each file (never interleaving files), and reseeds random and numpy before each test.
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """One deadline per test for its setup and call together, fixtures included (the phases below each arm
-    SIGALRM for what is left of it); the handler raises in the test's own frame, so a hang fails that test alone
-    and a subprocess it waited on is killed by subprocess.run's own cleanup."""
-    import faulthandler
-    limit = time_limit_of(item.config, item)
-    item.stash[_deadline] = time.monotonic() + limit if limit > 0 else None
-    if limit > 0:
-        if _stderr_fd not in item.config.stash:   # the terminal's stderr, not the capture's (as pytest's faulthandler)
-            item.config.stash[_stderr_fd] = os.dup(sys.__stderr__.fileno())
-        faulthandler.dump_traceback_later(limit + TEARDOWN_GRACE + BACKSTOP, exit=True,
-                                          file=item.config.stash[_stderr_fd])
-    try:
-        return (yield)
-    finally:
-        if limit > 0:
-            faulthandler.cancel_dump_traceback_later()
-        del item.stash[_deadline]
-
-
-def _arm(item, at_least=0.0):
-    """Arm SIGALRM for what is left of the item's deadline (at least at_least seconds); returns what to restore."""
-    deadline = item.stash.get(_deadline, None)
-    if deadline is None or not hasattr(signal, "SIGALRM"):
-        return None
-
-    def on_alarm(signum, frame):
-        raise TimeLimitExceeded(f"{item.nodeid} ran past its time limit of {time_limit_of(item.config, item):g} s "
-                                "(pytest.ini test_time_limit; a test that needs longer: @pytest.mark.time_limit(s))")
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), at_least, 0.001))
-    return previous
-
-
-def _disarm(previous):
-    if previous is not None:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def _within_deadline(item, at_least=0.0):
-    """A phase's hook wrapper: the phase runs with SIGALRM armed for what is left of the item's deadline."""
-    previous = _arm(item, at_least)
-    try:
-        return (yield)
-    finally:
-        _disarm(previous)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
-    return (yield from _within_deadline(item))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    return (yield from _within_deadline(item))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    return (yield from _within_deadline(item, at_least=TEARDOWN_GRACE))
+def pytest_cmdline_main(config):
+    """With pytest-xdist (installed and not turned off with -p no:xdist): 2 workers, one per core of a 2-core machine,
+    each file on one worker (its fixtures built once), unless the command line says otherwise (-n 0: all in this
+    process); without it, all in this process. Not in pytest.ini's addopts, where -n is a usage error without xdist.
+    Runs before xdist's own pytest_cmdline_main, which starts the workers (not in the workers themselves)."""
+    if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput"):
+        if config.option.numprocesses is None:
+            config.option.numprocesses = 2
+        if config.option.dist == "no" and not config.option.distload:
+            config.option.dist = "loadfile"
+    return (yield)
 
 
 # --- small models for test_model, test_equations, test_decoding --------------------------------------

@@ -108,3 +108,51 @@ def test_fast_only_has_no_slow_block_to_switch_off(data_dir, tmp_path, capsys):
     assert "alpha_H" not in raw_log(out)[-1] and "alpha_L" in raw_log(out)[-1]
     analyze.main([f"--out_dir={out}", "--ckpt=ckpt_last.pt", f"--data_dir={data_dir}", "--batches=1"])
     assert "alpha_H -" in capsys.readouterr().out
+
+
+# --- docs/alive.py's selection, on made-up committed runs -----------------------------------------------------
+
+def test_alive_selection_chooses_only_alive_runs_on_the_selection_seeds(monkeypatch, tmp_path):
+    """Only runs whose blocks-off cost is at least ALIVE compete; a remedy with no alive run grows its lr grid
+    downward; the best alive run and the runner-up get the second selection seed, and the lower 2-seed mean is
+    chosen. Seeds 7 and 8 only: no test seed is touched."""
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, os.path.join(ROOT, "docs"))
+    import alive
+    import sweep
+    monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
+    monkeypatch.setattr(alive, "REACH", 1)
+    monkeypatch.setattr(alive, "REMEDIES", {"paper": [], "fixed": ["--learn_alpha=False"]})
+
+    def commit(remedy, k, seed, ce, off_both=None):
+        d = tmp_path / sweep.log_dir(alive.job("hrm-nt8", remedy, k, seed)[0])
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps({"diverged": False, "final_val": ce}))
+        if off_both is not None:
+            (d / "alive.json").write_text(json.dumps({"off_both": off_both}))
+
+    def todo():
+        return sorted((d.split(os.sep)[1], d.split(os.sep)[2]) for d, _ in alive.phase_a("hrm-nt8")
+                      if not sweep.finished(d))
+
+    assert todo() == [("hrm-nt8-fixed", "lr1e-2-s7"), ("hrm-nt8-fixed", "lr5e-3-s7"), ("hrm-nt8-paper", "lr1e-2-s7"),
+                      ("hrm-nt8-paper", "lr5e-3-s7")]
+    commit("paper", 0, 7, 1.70, off_both=0.001)    # the best CE, switched off: never chosen
+    commit("paper", -1, 7, 1.75, off_both=0.002)
+    commit("fixed", 0, 7, 1.72, off_both=0.30)
+    assert todo() == [("hrm-nt8-fixed", "lr5e-3-s7")]   # paper: nothing alive, but k=-2 is beyond REACH=1
+    commit("fixed", -1, 7, 1.74, off_both=0.40)
+    assert todo() == [("hrm-nt8-fixed", "lr2e-2-s7")]   # fixed's best alive (k=0) is at the top edge
+    assert alive.top_two("hrm-nt8") == []               # not before the grid is through
+    commit("fixed", 1, 7, 1.71, off_both=0.01)
+    assert todo() == [] and alive.top_two("hrm-nt8") == [("fixed", 0), ("fixed", -1)]
+    assert [d for d, _ in alive.phase_b("hrm-nt8")] == [alive.job("hrm-nt8", "fixed", k, 8)[0] for k in (0, -1)]
+    assert alive.chosen("hrm-nt8") is None
+    commit("fixed", 0, 8, 1.80)
+    commit("fixed", -1, 8, 1.70)
+    assert alive.chosen("hrm-nt8") == ("fixed", -1)      # 1.74 + 1.70 < 1.72 + 1.80
+    test = alive.phase_c("hrm-nt8")
+    assert [next(a for a in cmd if a.startswith("--seed=")) for _, cmd in test] == [f"--seed={s}" for s in sweep.SEEDS]
+    assert all(d.startswith(os.path.join("out-alive", "hrm-nt8-fixed", "lr5e-3-s")) and "--learn_alpha=False" in cmd
+               for d, cmd in test)

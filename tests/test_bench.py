@@ -47,7 +47,7 @@ def test_full_backprop_at_flat_memory_with_grad_ckpt():
 # slow: minutes on 2 cores. CI measures the K window's memory above (grad_ckpt's only in slow runs); only this one
 # measures K_slow's (its gradient routing is checked in CI: test_equations.py's K_slow tests)
 @pytest.mark.slow
-@pytest.mark.time_limit(600)
+@pytest.mark.timeout(600)
 def test_K_slow_memory_grows_with_firings_not_M():
     """K_slow = 24 firings keeps 24 Slow-firing activations (plus the K Fast steps); with grad_ckpt only states."""
     k2, ks = iter_mem(24, 2, 2), iter_mem(24, 2, 2, K_slow=24)
@@ -68,7 +68,7 @@ def test_flop_model_options():
 # slow: minutes on 2 cores. CI checks these options' KV cache on the model (test_decoding.py's
 # test_kv_cache_size) and their FLOP model (test_flop_model_options); only this one runs bench.py's rows for them
 @pytest.mark.slow
-@pytest.mark.time_limit(600)
+@pytest.mark.timeout(600)
 def test_bench_beyond_rows(tmp_path):
     """Two rows of --models=beyond at the tiny preset: KV cache of the attending applications only."""
     (hybrid, ckpt), _ = run_bench("hrm_nt12_hybrid4,hrm_nt12_gradckpt_full", tmp_path)
@@ -118,7 +118,7 @@ def test_counted_flops_see_what_the_paper_model_leaves_out():
 # slow: a minute on 2 cores. CI runs the worker's train phase (the memory tests) and the FLOP models above;
 # only this one runs bench.py whole: every column of a row, the decode floor, the printed table
 @pytest.mark.slow
-@pytest.mark.time_limit(600)
+@pytest.mark.timeout(600)
 def test_bench_tiny_end_to_end(tmp_path):
     rows, p = run_bench("hrm_nt12,tf_l4,unitf_m12", tmp_path)
     assert [r["model"] for r in rows] == ["hrm_nt12", "tf_l4", "unitf_m12"]
@@ -145,7 +145,7 @@ def test_unknown_model_is_one_line():
 
 
 @pytest.mark.slow
-@pytest.mark.time_limit(900)
+@pytest.mark.timeout(900)
 def test_bench_compile(tmp_path):
     """--compile (about 90 s on 2 cores): the compiled forward gives the same kind of row."""
     (r,), p = run_bench("hrm_nt4", tmp_path, "--compile", timeout=900)

@@ -414,7 +414,11 @@ def test_legacy_run_resumes(legacy_run, char_data):
         want = json.loads(f.read())
     log = raw_log(legacy_run)
     assert [r["iter"] for r in log] == [0, 2, 4, 6]
-    assert {k: v for k, v in log[-1].items() if k != "time_s"} == {k: v for k, v in want.items() if k != "time_s"}
+    got = {k: v for k, v in log[-1].items() if k != "time_s"}
+    alphas = {k: got.pop(k) for k in ("alpha_L", "alpha_H")}   # logged since issue 47; the old code did not
+    assert got == {k: v for k, v in want.items() if k != "time_s"}
+    sd = torch.load(os.path.join(legacy_run, "ckpt_last.pt"), map_location="cpu", weights_only=True)["model"]
+    assert alphas == {"alpha_L": sd["L_net.alpha"].item(), "alpha_H": sd["H_net.alpha"].item()}
 
 
 def test_legacy_checkpoint_samples(legacy_run):

@@ -30,10 +30,10 @@ CASES = [
     ("analyze_pickled_code", "analyze.py", ["--out_dir={evil}"], "not loaded"),
     ("bench_no_models", "bench.py", ["--preset=tiny", "--models=,"], "names no model; choose from tf_l2"),
     # prepare.py (each aimed at the prepared dataset `mine`, which must come through untouched)
-    ("prepare_num_proc_0", "prepare.py", ["--data_dir={data}", "--dataset=mine", "--input={docs}", "--num_proc=0"],
-     "--num_proc must be >= 1"),
+    ("prepare_num_threads_0", "prepare.py", ["--data_dir={data}", "--dataset=mine", "--input={docs}",
+                                             "--num_threads=0"], "--num_threads must be >= 1"),
     ("prepare_num_proc_neg", "prepare.py", ["--data_dir={data}", "--dataset=mine", "--input={docs}", "--num_proc=-1"],
-     "--num_proc must be >= 1"),
+     "--num_threads must be >= 1"),   # --num_proc: --num_threads's former name
     ("prepare_data_dir_is_a_file", "prepare.py", ["--data_dir={binary}", "--dataset=mine"], "not a folder"),
     ("prepare_input_missing", "prepare.py", ["--data_dir={data}", "--dataset=mine", "--input={missing}"], "not found"),
     ("prepare_input_too_short", "prepare.py", ["--data_dir={data}", "--dataset=mine", "--input={one_char}"],
@@ -85,7 +85,7 @@ def world(trained, tmp_path_factory):
     # a prepared dataset with a file of the user's in it: failed prepare.py runs must leave all of it alone
     from prepare import main as prepare_main
     p["data"], p["docs"] = str(tmp / "data"), write_docs(str(tmp / "docs"), 3)
-    prepare_main([f"--data_dir={p['data']}", "--dataset=mine", f"--input={p['docs']}", "--num_proc=1"])
+    prepare_main([f"--data_dir={p['data']}", "--dataset=mine", f"--input={p['docs']}", "--num_threads=1"])
     (tmp / "data" / "mine" / "notes.txt").write_text("mine, not prepare.py's")
 
     p["empty_run"], p["garbage_run"] = str(tmp / "empty_run"), str(tmp / "garbage_run")

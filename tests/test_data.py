@@ -41,6 +41,37 @@ def test_prepare_slice(data_dir):
     assert arrays["train"][-1] == enc.eot_token
 
 
+def test_pieces_and_chunks_give_the_same_tokens(data_dir, tmp_path, monkeypatch):
+    """tokenize_and_write cuts a long document into pieces where GPT-2's pre-tokenizer always parts, and encodes
+    them a chunk at a time over threads: at tiny sizes (each play in hundreds of pieces, tens of chunks, 2
+    threads) it writes the fixture's files byte for byte, from a list or a datasets.Dataset (openwebtext); and
+    text built to trip a cut (whitespace runs, the separators Python counts as whitespace and tiktoken does not,
+    CJK, contractions, a lone surrogate) encodes in pieces as it does whole."""
+    import random
+    import prepare
+    from data import get_tokenizer
+    from datasets import Dataset
+    monkeypatch.setattr(prepare, "PIECE_CHARS", 1000)
+    monkeypatch.setattr(prepare, "CHUNK_CHARS", 20000)
+    prepare.prepare_documents(prepare.shakespeare_plays()[:5], str(tmp_path / "shakespeare"), num_threads=2)
+    train, val = prepare.split_documents(prepare.shakespeare_plays()[:5])   # as openwebtext comes: a Dataset
+    prepare.tokenize_and_write({"train": Dataset.from_dict({"text": train}), "val": Dataset.from_dict({"text": val})},
+                               str(tmp_path / "from_dataset"), num_threads=2)
+    for name in ("train.bin", "val.bin", "meta.json"):
+        for d in ("shakespeare", "from_dataset"):
+            assert (tmp_path / d / name).read_bytes() == \
+                open(os.path.join(data_dir, "shakespeare", name), "rb").read(), (d, name)
+    enc = get_tokenizer()
+    rng = random.Random(0)
+    alphabet = [*"ab '!.,:?09\n\r\t", "\x1c", "\x1d", "\x0b", "\u00a0", "\u3000", "\u2028", "\x85", "\u3002", "\u6f22",
+                "\u00e9", "'s", "'ll", "  ", "\n\n", "\U0001F600", "\ud800"]
+    text = "".join(rng.choice(alphabet) for _ in range(50000))
+    for size in (1, 7, 100):
+        parts = list(prepare.pieces(text, size))
+        assert "".join(parts) == text and len(parts) > 100
+        assert [t for p in parts for t in enc.encode_ordinary(p)] == enc.encode_ordinary(text), size
+
+
 def test_full_split_is_deterministic_and_disjoint():
     from prepare import shakespeare_plays, split_documents
     docs = shakespeare_plays()
@@ -89,7 +120,7 @@ def test_prepare_local_text_and_missing_input(tmp_path):
     src.mkdir()
     for i in range(12):
         (src / f"doc{i:02d}.txt").write_text(f"Document number {i}. " * 50)
-    counts = main([f"--data_dir={tmp_path}", "--dataset=mine", f"--input={src}", "--num_proc=1"])
+    counts = main([f"--data_dir={tmp_path}", "--dataset=mine", f"--input={src}", "--num_threads=1"])
     assert counts["val"] > 0 and counts["train"] > counts["val"]
     with pytest.raises(SystemExit, match="no .txt or .md files"):
         main([f"--data_dir={tmp_path}", "--dataset=x", f"--input={tmp_path / 'empty'}"])
@@ -130,7 +161,7 @@ def test_prepare_one_file_with_bad_bytes(tmp_path):
     from data import check_dataset
     f = tmp_path / "corpus.txt"
     f.write_bytes(b"".join(b"line %d of the only document\n" % i for i in range(200)) + b"caf\xe9 \xff\xfe\n")
-    p = run_script("prepare.py", f"--data_dir={tmp_path}", "--dataset=single", f"--input={f}", "--num_proc=1",
+    p = run_script("prepare.py", f"--data_dir={tmp_path}", "--dataset=single", f"--input={f}", "--num_threads=1",
                    env=ENV)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     assert [line for line in p.stderr.splitlines() if line.strip()] == [
@@ -143,7 +174,7 @@ def test_prepare_folder_of_one_document(tmp_path):
     from data import check_dataset
     from prepare import main
     src = write_docs(str(tmp_path / "src"), 1)
-    counts = main([f"--data_dir={tmp_path}", "--dataset=one", f"--input={src}", "--num_proc=1"])
+    counts = main([f"--data_dir={tmp_path}", "--dataset=one", f"--input={src}", "--num_threads=1"])
     assert counts["train"] > counts["val"] > 0
     assert check_dataset(str(tmp_path), "one")["tokens"] == counts
 
@@ -227,7 +258,7 @@ def test_prepare_stopped_mid_way_keeps_previous_dataset(tmp_path, how):
     from data import check_dataset
     from prepare import main
     data = str(tmp_path / "data")
-    main([f"--data_dir={data}", "--dataset=mine", f"--input={write_docs(str(tmp_path / 'old'), 3)}", "--num_proc=1"])
+    main([f"--data_dir={data}", "--dataset=mine", f"--input={write_docs(str(tmp_path / 'old'), 3)}", "--num_threads=1"])
     with open(os.path.join(data, "mine", "notes.txt"), "w") as f:
         f.write("mine")
     before = snapshot(os.path.join(data, "mine"))
@@ -235,7 +266,7 @@ def test_prepare_stopped_mid_way_keeps_previous_dataset(tmp_path, how):
     script.write_text(DIE_IN_VAL)
     new = write_docs(str(tmp_path / "new"), 4, words="Other, longer words of a new document")
     p = subprocess.run([sys.executable, str(script), os.path.join(ROOT, "prepare.py"), f"--data_dir={data}",
-                        "--dataset=mine", f"--input={new}", "--num_proc=1"], capture_output=True, text=True,
+                        "--dataset=mine", f"--input={new}", "--num_threads=1"], capture_output=True, text=True,
                        cwd=ROOT, env=dict(ENV, HOW=how), timeout=300)
     assert snapshot(os.path.join(data, "mine")) == before   # the old dataset, whole
     check_dataset(data, "mine")
@@ -245,7 +276,7 @@ def test_prepare_stopped_mid_way_keeps_previous_dataset(tmp_path, how):
     else:
         assert p.returncode == 9
         assert len(os.listdir(data)) == 2   # the dead process's temporary folder...
-    counts = main([f"--data_dir={data}", "--dataset=mine", f"--input={new}", "--num_proc=1"])
+    counts = main([f"--data_dir={data}", "--dataset=mine", f"--input={new}", "--num_threads=1"])
     assert os.listdir(data) == ["mine"]     # ...goes with the next run
     assert check_dataset(data, "mine")["tokens"] == counts
     assert open(os.path.join(data, "mine", "notes.txt")).read() == "mine"
@@ -259,7 +290,7 @@ def test_prepare_settles_a_swap_cut_short(tmp_path, where):
     from prepare import main
     data = str(tmp_path / "data")
     docs = write_docs(str(tmp_path / "docs"), 3)
-    main([f"--data_dir={data}", "--dataset=mine", f"--input={docs}", "--num_proc=1"])
+    main([f"--data_dir={data}", "--dataset=mine", f"--input={docs}", "--num_threads=1"])
     with open(os.path.join(data, "mine", "notes.txt"), "w") as f:
         f.write("mine")
     dead = subprocess.Popen(["true"])
@@ -274,7 +305,7 @@ def test_prepare_settles_a_swap_cut_short(tmp_path, where):
         os.makedirs(mine)                    # ...the second did too, the user's files are not yet over
         for name in ("train.bin", "val.bin", "meta.json"):
             os.link(os.path.join(old, name), os.path.join(mine, name))
-    main([f"--data_dir={data}", "--dataset=mine", f"--input={docs}", "--num_proc=1"])
+    main([f"--data_dir={data}", "--dataset=mine", f"--input={docs}", "--num_threads=1"])
     assert sorted(os.listdir(data)) == ["mine"]
     assert sorted(os.listdir(mine)) == ["meta.json", "notes.txt", "train.bin", "val.bin"]
     check_dataset(data, "mine")
@@ -299,7 +330,7 @@ def test_prepare_again_is_up_to_date(tmp_path):
     from prepare import main
     data = str(tmp_path / "data")
     docs = write_docs(str(tmp_path / "docs"), 3)
-    args = [f"--data_dir={data}", "--dataset=mine", f"--input={docs}", "--num_proc=1"]
+    args = [f"--data_dir={data}", "--dataset=mine", f"--input={docs}", "--num_threads=1"]
     counts = main(args)
     before = snapshot(os.path.join(data, "mine"))
     p = run_script("prepare.py", *args)
@@ -311,21 +342,23 @@ def test_prepare_again_is_up_to_date(tmp_path):
     assert "up to date" not in run_script("prepare.py", *args, "--force").stdout
 
 
-def test_prepare_workers_die_with_it(tmp_path):
-    """kill -9 of prepare.py takes its tokenizer workers with it (they used to live on, 300 MB each)."""
+def test_prepare_tokenizes_in_threads_that_die_with_it(tmp_path):
+    """kill -9 of prepare.py mid-tokenizing leaves nothing running: its tokenizer runs in threads (tiktoken's batch
+    encoder), not in worker processes (a pool's workers used to live on, 300 MB each, until they were made to die
+    with it). Formerly: two workers were found, then seen to die; now no child process may exist at all."""
     data = str(tmp_path / "data")
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "prepare.py"), f"--data_dir={data}", "--num_proc=2"],
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "prepare.py"), f"--data_dir={data}", "--num_threads=2"],
                             cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def children():
         out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True,
                              timeout=60).stdout
         return [int(p) for p in out.split()]
-    deadline = time.time() + 120
-    while len(children()) < 2 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    workers = children()   # killed as soon as they exist: idle workers must die too
-    assert len(workers) >= 2, "no tokenizer workers started"
+    staged = os.path.join(data, f"shakespeare.tmp.{proc.pid}", "train.bin")
+    wait_for(lambda: os.path.exists(staged) or proc.poll() is not None, 120, "prepare.py to start tokenizing")
+    workers = children()   # mid-tokenizing
+    assert proc.poll() is None, "prepare.py finished before it could be killed mid-tokenizing"
+    assert workers == [], f"prepare.py started worker processes {workers}"
     proc.kill()
     proc.wait()
     deadline = time.time() + 30
@@ -334,14 +367,23 @@ def test_prepare_workers_die_with_it(tmp_path):
         time.sleep(0.2)
     alive = [w for w in workers if os.path.exists(f"/proc/{w}") and open(f"/proc/{w}/stat").read().split()[2] != "Z"]
     assert not alive, f"workers {alive} outlived prepare.py"
+    assert not os.path.exists(f"/proc/{proc.pid}"), "prepare.py outlived its kill -9"
 
 
 # --- prepare.py stopped by a signal at any moment: it ends, names the signal, and loses nothing ----------------
 
-# (moment, how to wait for it): from launch, while the tokenizer pool starts, mid-tokenizing, while writing, just
-# before the swap. SIGINT goes to the whole process group, as a terminal's Ctrl-C does; SIGTERM to prepare.py
-# alone, as `kill` and a scheduler do. Once hung forever with --num_proc=2 (the workers inherited its handler).
-MOMENTS = ["launch", "imports", "pool", "tokenizing", "writing", "swap"]
+# (moment, how to wait for it): from launch, as the tokenizer's threads start (the staging folder made), mid-tokenizing,
+# with tokens written, just before the swap. SIGINT goes to the whole process group, as a terminal's Ctrl-C does;
+# SIGTERM to prepare.py alone, as `kill` and a scheduler do. (With a process pool, once hung forever: the workers
+# inherited its handler; "threads" was "pool", the moment the workers were forked.)
+MOMENTS = ["launch", "imports", "threads", "tokenizing", "writing", "swap"]
+
+
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
@@ -358,7 +400,7 @@ def test_prepare_stops_on_a_signal_at_any_moment(data_dir, tmp_path, sig):
     try:
         for moment in MOMENTS:
             proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "prepare.py"), f"--data_dir={data}",
-                                     "--num_proc=2"], cwd=ROOT, env=ENV, start_new_session=True,
+                                     "--num_threads=2"], cwd=ROOT, env=ENV, start_new_session=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             workers, launched = [], time.monotonic()
 
@@ -368,13 +410,15 @@ def test_prepare_stops_on_a_signal_at_any_moment(data_dir, tmp_path, sig):
                 return [int(p) for p in out.split() if int(p) != proc.pid]
             tmp = os.path.join(data, f"shakespeare.tmp.{proc.pid}")
             ready = {"launch": lambda: True, "imports": lambda: time.monotonic() - launched > 0.3,
-                     "pool": lambda: len(children()) >= 2,
-                     "tokenizing": lambda: len(children()) >= 2, "writing": lambda: os.path.exists(f"{tmp}/train.bin"),
+                     "threads": lambda: os.path.isdir(tmp),
+                     "tokenizing": lambda: os.path.exists(f"{tmp}/train.bin"),
+                     "writing": lambda: _size(f"{tmp}/train.bin") > 0,
                      "swap": lambda: os.path.exists(f"{tmp}/meta.json")}[moment]
             wait_for(lambda: ready() or proc.poll() is not None, 120, f"prepare.py to reach {moment}")
             if moment == "tokenizing":
                 time.sleep(0.5)
             workers = children()
+            assert workers == [], (moment, workers)   # the tokenizer runs in threads: no worker processes
             t0 = time.monotonic()
             try:
                 (os.killpg if sig == "SIGINT" else os.kill)(proc.pid, signum)
@@ -420,13 +464,14 @@ def test_prepare_stops_on_a_signal_at_any_moment(data_dir, tmp_path, sig):
     print(outcomes)
 
 
-def test_a_signal_python_drops_is_raised_again(tmp_path, monkeypatch):
-    """A signal that lands in a finaliser (or an at-fork hook, where the pool's workers are forked): Python
-    drops the KeyboardInterrupt there, so prepare.py's watcher raises it again until prepare.py's own code has
-    it, without an "Exception ignored" traceback for it."""
+def test_a_signal_python_drops_still_stops_prepare(tmp_path, monkeypatch):
+    """A signal that lands in a finaliser: Python drops the KeyboardInterrupt there (without an "Exception
+    ignored" traceback for it), and prepare.py stops at its next chunk of tokenizing, its staging folder removed.
+    (With a process pool, a watcher thread raised it again every half second, since it also landed in the at-fork
+    hook that runs at every worker's fork; the threaded tokenizer checks between chunks instead.)"""
     import signal
     import sys
-    from prepare import Interrupts
+    from prepare import Interrupts, tokenize_and_write
     dropped = []
     monkeypatch.setattr(sys, "unraisablehook", lambda what: dropped.append(what))
     interrupts = Interrupts(str(tmp_path / "mine"))
@@ -438,20 +483,19 @@ def test_a_signal_python_drops_is_raised_again(tmp_path, monkeypatch):
             for _ in range(1000):
                 pass
     try:
-        with pytest.raises(KeyboardInterrupt):
-            Finalised()                           # the first KeyboardInterrupt is dropped in __del__...
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:    # ...and raised again within half a second
-                time.sleep(0.01)
+        Finalised()                               # the first KeyboardInterrupt is dropped in __del__...
         assert interrupts.signals == [signal.SIGTERM] and dropped == []
+        with pytest.raises(KeyboardInterrupt):    # ...and the tokenizer stops at its next chunk
+            tokenize_and_write({"train": ["Some words."] * 3, "val": ["More words."]}, str(tmp_path / "mine"))
+        assert os.listdir(tmp_path) == []
         with pytest.raises(SystemExit, match="interrupted by SIGTERM; .*mine was left as it was"):
             interrupts.stop()                     # in-process: SystemExit carries the line (no os._exit)
-        assert interrupts.seen.is_set()           # the watcher stops repeating it
+        assert interrupts.seen.is_set()           # the last resort stands down
     finally:
         signal.signal(signal.SIGTERM, old)
 
 
-# prepare.py's tokenizer stuck where a KeyboardInterrupt cannot stop it (a wedged pool), with the clock 5x fast
+# prepare.py's tokenizer stuck where a KeyboardInterrupt cannot stop it (a long C call), with the clock 5x fast
 STUCK = r"""
 import sys, time
 sys.path.insert(0, {root!r})
@@ -479,7 +523,7 @@ def test_prepare_ends_even_when_its_work_ignores_the_signal(data_dir, tmp_path):
     before = snapshot(os.path.join(data, "shakespeare"))
     mark = str(tmp_path / "stuck")
     cmd = patched(STUCK.format(root=ROOT, mark=mark), tmp_path, [sys.executable, os.path.join(ROOT, "prepare.py"), f"--data_dir={data}",
-                                    "--num_proc=1"])
+                                    "--num_threads=1"])
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: os.path.exists(mark) or proc.poll() is not None, 120, "the tokenizer to be stuck")
     proc.send_signal(signal.SIGTERM)

@@ -183,7 +183,7 @@ def test_readme_command_runs(key, repo, request):
 
 
 @pytest.mark.slow
-@pytest.mark.time_limit(900)   # the HPSearch loop: 8 torchrun runs; ckpt_memory.py: 2 minutes
+@pytest.mark.timeout(900)   # the HPSearch loop: 8 torchrun runs; ckpt_memory.py: 2 minutes
 @pytest.mark.parametrize("key", SLOW)
 def test_readme_loops_run(key, repo):
     cmd = command(key)
@@ -246,7 +246,7 @@ def test_quick_start_first_losses_are_the_readmes(all_plays_char, tmp_path):
 
 
 @pytest.mark.slow   # the whole quick start (400 iterations); CI checks its first 100 above
-@pytest.mark.time_limit(1800)
+@pytest.mark.timeout(1800)
 def test_quick_start_losses_are_the_readmes(all_plays_char, tmp_path):
     quoted = quick_start_losses()
     got = run_quick_start(all_plays_char, str(tmp_path / "qs"), 400)
