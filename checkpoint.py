@@ -11,7 +11,7 @@ The run folder (out_dir) train.py writes and sample.py, analyze.py and plot.py r
 Each function takes what it needs as arguments, so every script (and a test) can use it alone:
   take_out_dir     lock the folder and refuse to mix two runs in it
   finished_run     whether the folder holds a finished run of these very settings (nothing to do)
-  save_checkpoint  atomic: a temporary file beside the target, fsync, os.replace; a full disk is one line
+  save_checkpoint  atomic (common.atomic_write: a temporary beside the target, fsync, os.replace); a full disk is one line
   save_sharded, load_sharded  ckpt_last.dcp: written by every rank at once, read at any world size
   load_checkpoint  weights_only=True (no pickled code runs), one-line errors; model_from_checkpoint
   find_checkpoint  init_from=<file or out_dir>: the checkpoint a new run starts from
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from common import IO_ERROR, fail
+from common import IO_ERROR, atomic_write, fail
 from model import MODEL_FIELDS, ModelConfig, build_model
 
 CKPT_BEST, CKPT_LAST, CKPT_LAST_DCP, LOG, LOCK = "ckpt.pt", "ckpt_last.pt", "ckpt_last.dcp", "log.jsonl", ".lock"
@@ -172,16 +172,10 @@ def save_checkpoint(path, ckpt):
     """Write ckpt to path atomically: a temporary file beside it, fsync, then os.replace, so a kill mid-save
     leaves the previous file intact. A failed save (a full disk: OSError, or torch's zip writer's
     RuntimeError) removes its temporary and stops the run with one line (stop_on_write_error)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
+        with atomic_write(path, "wb") as f:
             torch.save(ckpt, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
         stop_on_write_error(f"save {path}", ckpt.get("iter_num"), e, os.path.dirname(path))
     other = os.path.join(os.path.dirname(path), CKPT_LAST_DCP)
     if os.path.basename(path) == CKPT_LAST and os.path.exists(other):   # an FSDP run resumed without FSDP
@@ -345,6 +339,9 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
             raise ValueError(f"non-finite weights ({', '.join(bad[:3])}); use an earlier checkpoint or start again")
         if optimizer is None:
             return set_model_state_dict(model, model_sd)
+        if len(param_groups) != len(optim_sd["param_groups"]):
+            raise ValueError(f"it holds {len(param_groups)} AdamW parameter groups, this run has "
+                             f"{len(optim_sd['param_groups'])} (scalar_lr_mult != 1 adds one)")
         optim_sd = {"state": {k: {m: state["optimizer"][canonical(k)][m].reshape(t.shape) for m, t in st.items()}
                               for k, st in optim_sd["state"].items()},
                     "param_groups": [dict(saved, params=g["params"]) for saved, g in zip(param_groups, optim_sd["param_groups"])]}
@@ -376,6 +373,12 @@ def check_resume(ckpt, path, model_args, config, meta):
     if (ckpt.get("meta") or {}).get("tokens") and meta and meta.get("tokens") != ckpt["meta"]["tokens"]:
         data_diff.append(f"the dataset's token counts {ckpt['meta']['tokens']} in the checkpoint vs "
                          f"{meta.get('tokens')} now (prepared again?)")
+    mult = [(c.get("scalar_lr_mult", 1.0) != 1) for c in (old, config)]
+    if model_args.get("arch") == "hrm" and mult[0] != mult[1] and "scalar_lr_mult" in config:
+        errors.append(f"{path} was trained with scalar_lr_mult={old.get('scalar_lr_mult', 1.0):g}, this run has "
+                      f"{config['scalar_lr_mult']:g}: its AdamW state has {3 if mult[0] else 2} parameter groups, this "
+                      f"run {3 if mult[1] else 2} (alpha and tau on their own, or not); resume with "
+                      f"--scalar_lr_mult={old.get('scalar_lr_mult', 1.0):g}")
     if data_diff:
         errors.append(f"cannot resume {path} exactly: " + ", ".join(data_diff) +
                       "; use the checkpoint's settings, or start a new run in another out_dir")
@@ -414,14 +417,10 @@ def trim_log(out_dir, upto):
                     keep.append(line if line.endswith("\n") else line + "\n")
             except (ValueError, KeyError, TypeError):
                 pass
-    tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        with open(tmp, "w") as f:
+        with atomic_write(path) as f:
             f.writelines(keep)
-        os.replace(tmp, path)
     except OSError as e:   # a full disk: the log stays as it was, the temporary goes
-        if os.path.exists(tmp):
-            os.remove(tmp)
         raise ValueError(f"cannot rewrite {path} for the resume: {e.strerror or e}; it was left as it was, "
                          f"{intact(out_dir)}") from None
 

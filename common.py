@@ -13,7 +13,7 @@ it>", and one of these exit statuses (docs/TRAINING.md, "Exit statuses"):
 import argparse
 import os
 import sys
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -141,3 +141,21 @@ def timed(fn, device, reps, warmup=None):
         sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+@contextmanager
+def atomic_write(path, mode="w"):
+    """The one way every file here is written whole or not at all: into a temporary beside path (path.tmp.<pid>),
+    flushed to disk, then os.replace'd onto path; on any error (a full disk, a signal) the temporary goes and the
+    old file stays as it was."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

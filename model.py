@@ -73,7 +73,7 @@ class ModelConfig:
         if (self.n_embd // self.n_head) % 2:
             bad("n_head", f"head_dim={self.n_embd // self.n_head} must be even for RoPE")
         if self.arch == "hrm" and self.M not in (None, self.N * self.T):
-            bad("M", f"for hrm M is N*T={self.N * self.T}; got M={self.M} (leave it None)")
+            bad("M", f"for hrm M is N*T={self.N * self.T}; got M={self.M!r} (leave it None)")
         for f in UNUSED[self.arch]:   # set away from its default, such a field would be silently ignored
             if getattr(self, f) != getattr(type(self), f):
                 bad(f, f"arch={self.arch!r} does not use {f}; leave it at its default {getattr(type(self), f)!r}")
@@ -92,10 +92,10 @@ class ModelConfig:
         k = self.fast_attn_steps
         if k is not None and (self.arch != "hrm" or not is_int(k, 0) or k > self.M):
             bad("fast_attn_steps", f"is None (all M steps attend) or 0..M={self.M} for arch='hrm'; got {k!r}")
-        if not (math.isfinite(self.ent_lambda) and self.ent_lambda >= 0):
-            bad("ent_lambda", f"must be finite and >= 0, got {self.ent_lambda}")
-        if not (math.isfinite(self.unitf_init_c) and self.unitf_init_c > 0):
-            bad("unitf_init_c", f"must be finite and > 0, got {self.unitf_init_c}")
+        for f, least in (("ent_lambda", 0.0), ("unitf_init_c", 1e-300)):   # >= 0 and > 0
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= least):
+                bad(f, f"must be a finite number {'>= 0' if least == 0 else '> 0'}, got {v!r}")
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig))

@@ -150,6 +150,9 @@ optimizer = torch.optim.AdamW(
     lr=learning_rate, betas=(beta1, beta2), fused=device_type == "cuda")
 lr_mults = (1.0, 1.0, scalar_lr_mult)   # each group's lr: the schedule's, times this
 run.restore(model, optimizer, errors)   # AdamW's state and the counters to resume; every rank stops on an error
+for m in [getattr(model, n, None) for n in ("L_net", "H_net")] if not learn_alpha else []:
+    if m is not None:   # held at 0.1 (docs/MODEL.md section 8), also when init_from's checkpoint learned its alpha
+        m.alpha.fill_(0.1)
 # No RNG state is saved: after the initialisation nothing draws from a global generator (no dropout; each
 # batch comes from its own generator), so a resume is exact without it.
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")

@@ -26,6 +26,7 @@ Phases (hyperparameters are chosen on seeds 7 and 8, which no test uses):
   C. the test: each arm's choice at seeds 1337, 42, 2024 (paired by seed with the Transformer of its width).
   W. the width control: HRM NT=8 at d=128 at lr 1.25e-3 (d=256's lr), the paper's setting, the test seeds.
   BPE: the BPE testbed's post-norm HRM and Transformer at their best 400-iteration lr for 2000 iterations.
+  S (first): sections 2-5's HRM (the sweep's hrm-post and hrm-pre at their best lr, 3 seeds) again, for readings.
 Readings: for every finished HRM run, alive.json beside its log (from its last checkpoint, 64 validation sequences
 of 128 characters): alpha_L, alpha_H, val CE, and the CE cost of the Fast block off, the Slow block off, both off
 (analyze.py's alive readings), of z_H frozen (H-frozen), val CE at 0.5x-4x the trained depth; for test-seed runs
@@ -101,9 +102,9 @@ def reading(out_dir):
         r["gate_L"] = sum(x["gate"] for x in steps) / len(steps)   # the Fast module's mean gate g over the steps
         if int(sweep.seed_of(out_dir)) in SEEDS and "bpe" not in out_dir:   # a test run: decoding's CE by policy too
             r["kv"] = {kv: decode_ce(model, batches, "cpu", kv) for kv in ("full", "last", "fired")}
-        with open(path + ".tmp", "w") as f:
+        from common import atomic_write
+        with atomic_write(path) as f:
             json.dump(r, f, indent=1)
-        os.replace(path + ".tmp", path)
     with open(path) as f:
         try:
             return json.load(f)
@@ -134,7 +135,7 @@ def phase_a(arm):
     alive runs compete: a lower lr keeps alpha from collapsing)."""
     start = (0, -1) if arm in HRM_ARMS else (0, -1, 1)
     rems = REMEDIES if arm in HRM_ARMS else ["paper"]
-    jobs = [job(arm, r, k, SELECT[0]) for k in start for r in rems]
+    jobs = [job(arm, r, k, SELECT[0]) for k in start for r in rems] + [job(arm, r, k, SELECT[0]) for r, k in tried(arm)]
     for r in rems:
         ks = [k for rr, k in tried(arm) if rr == r]
         live = {k: True if arm in TF_ARMS else is_alive(job(arm, r, k, SELECT[0])[0]) for k in ks}
@@ -186,6 +187,15 @@ def phase_r(arm):
     return [] if k is None else [job(arm, "paper", k, s, name=f"{arm}-rerun") for s in SEEDS]
 
 
+SWEEP = ("hrm-post", "hrm-pre")   # sections 2-5's HRM: the character sweep's variants at their best 400-iteration lr
+
+
+def phase_s():
+    """Sections 2-5's HRM runs again (the sweep's commands, 3 seeds each) for the checkpoints its logs lack."""
+    return [sweep.command("char", v, sweep.best_lr("char", v), s, out=OUT) for v in SWEEP for s in SEEDS
+            if sweep.best_lr("char", v) is not None]   # None: the sweep's logs are not here
+
+
 BPE = ("hrm-post", "transformer-post")   # the BPE testbed's post-norm HRM and Transformer: a stall, or slow?
 BPE_ITERS = 2000
 
@@ -193,13 +203,14 @@ BPE_ITERS = 2000
 def phase_bpe():
     """Each at its best 400-iteration lr (docs/sweep.py), for 2000 iterations, seed 1337: does the post-norm
     Transformer's 'stall' at the unigram line (section 4) end with 5x the training?"""
-    return [sweep.command("bpe", v, sweep.best_lr("bpe", v), SEEDS[0], iters=BPE_ITERS, out=OUT) for v in BPE]
+    return [sweep.command("bpe", v, sweep.best_lr("bpe", v), SEEDS[0], iters=BPE_ITERS, out=OUT) for v in BPE
+            if sweep.best_lr("bpe", v) is not None]
 
 
 def groups():
     """The jobs in the order they run, as groups: each arm's selection and test before the next arm's, so every
     session's work completes a comparison (NT=8 at d=128 and its Transformer first)."""
-    return [phase_a("hrm-nt8"), phase_a("tf-d128"), phase_b("hrm-nt8") + phase_b("tf-d128"),
+    return [phase_s(), phase_a("hrm-nt8"), phase_a("tf-d128"), phase_b("hrm-nt8") + phase_b("tf-d128"),
             phase_c("hrm-nt8") + phase_c("tf-d128"), phase_r("hrm-nt8"), phase_w(), phase_bpe(),
             *[f(arm) for arm in ("hrm-nt4", "hrm-nt12") for f in (phase_a, phase_b, phase_c, phase_r)],
             *[f(arm) for f in (phase_a, phase_b, phase_c) for arm in ("hrm-nt8-d256", "tf-d256")], phase_r("hrm-nt8-d256")]
@@ -271,7 +282,8 @@ def alive_cells(dirs):
     off = sum(r["off_both"] < ALIVE for r in rs)
     return (f"{ms([r['alpha_L'] for r in rs])} / {ms([r['alpha_H'] for r in rs])} | "
             f"{ms([r['off_L'] for r in rs], '+.3f')}, {ms([r['off_H'] for r in rs], '+.3f')}, "
-            f"{ms([r['off_both'] for r in rs], '+.3f')}" + (f" ({off} of {len(rs)} off)" if off else "") +
+            f"{ms([r['off_both'] for r in rs], '+.3f')}" + ("" if not off else " (off)" if len(rs) == 1 else
+                                                  f" ({off} of {len(rs)} off)") +
             f" | {ms([r['h_frozen'] for r in rs], '+.3f')}")
 
 
@@ -367,6 +379,24 @@ def reruns_table():
     print()
 
 
+def sweep_table():
+    """Sections 2-5's HRM, trained again (400 iterations at the best lr): committed and rerun CE, and its readings."""
+    got = [(v, s, sweep.command("char", v, sweep.best_lr("char", v), s)[0]) for v in SWEEP for s in SEEDS
+           if sweep.best_lr("char", v) is not None]
+    got = [(v, s, d, d.replace(sweep.OUT, OUT, 1)) for v, s, d in got]
+    got = [g for g in got if sweep.finished(g[3])]
+    if not got:
+        return
+    print("### Sections 2-5's HRM (400 iterations at its best lr), trained again for its checkpoints: is its "
+          "recurrence alive?\n")
+    print("| variant | lr | seed | val CE, committed | val CE, rerun | alpha_L / alpha_H | blocks off: Fast, Slow, both "
+          "| H frozen |\n|---|---|---|---|---|---|---|---|")
+    for v, s, d, rerun in got:
+        print(f"| {v} | {ep.lr_text(sweep.best_lr('char', v))} | {s} | {sweep.cell(d)} | {sweep.cell(rerun)} | "
+              f"{alive_cells([rerun])} |")
+    print()
+
+
 def readings_table():
     """Depth at inference and the KV cache policies on the test runs' checkpoints (mean over the seeds read)."""
     groups = [(name, [job(arm, *chosen(arm), s)[0] for s in SEEDS]) for name, arm in
@@ -393,7 +423,7 @@ def readings_table():
 
 
 def bpe_table():
-    done = [(v, d) for v, (d, _) in zip(BPE, phase_bpe()) if sweep.finished(d)]
+    done = [(d.split(os.sep)[2], d) for d, _ in phase_bpe() if sweep.finished(d)]
     if not done:
         return
     uni = sweep.unigrams()["bpe"]
@@ -415,6 +445,7 @@ def tables():
     test_table()
     readings_table()
     reruns_table()
+    sweep_table()
     bpe_table()
     done = [d for d, _ in all_jobs() if sweep.finished(d)]
     from long_run import train_seconds

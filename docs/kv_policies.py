@@ -95,9 +95,9 @@ def read(out_dir):
     batches = val_batches(ck, os.path.join(sweep.ROOT, "data"), 16, 4, model.config.block_size)
     rows = kv_table(model, batches, "cpu", POLICIES[model.config.arch])
     path = kv_path(out_dir)
-    with open(path + ".tmp", "w") as f:
+    from common import atomic_write
+    with atomic_write(path) as f:
         json.dump({"iter": ck["iter_num"], "rows": rows}, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 SPEED = os.path.join(sweep.ROOT, "docs", "logs", "kv_speed.json")
@@ -116,9 +116,9 @@ def speed(reps=5, tokens=None, prompt=16):
         rows, tokens = timings(reps, tokens, prompt)
     finally:   # as it was: a caller's (a test's) later work keeps its threads
         torch.set_num_threads(threads)
-    with open(SPEED + ".tmp", "w") as f:
+    from common import atomic_write
+    with atomic_write(SPEED) as f:
         json.dump({"threads": 1, "reps": reps, "tokens": tokens, "prompt": prompt, "tok_s": rows}, f, indent=1)
-    os.replace(SPEED + ".tmp", SPEED)
 
 
 def timings(reps, tokens, prompt):

@@ -165,9 +165,9 @@ def store(out_dir, cmd, returncode):
     info = {"command": " ".join(["python"] + [a for a in cmd[1:] if not a.startswith(("--overwrite", "--init_from"))]),
             "diverged": returncode == 3, "final_val": last[-1]["val_loss"] if last else None,
             "ms_per_iter_median": sorted(ms)[len(ms) // 2] if ms else None, **model_facts(out_dir)}
-    with open(os.path.join(dst, "run.json.tmp"), "w") as f:
+    from common import atomic_write
+    with atomic_write(os.path.join(dst, "run.json")) as f:
         json.dump(info, f, indent=1)
-    os.replace(os.path.join(dst, "run.json.tmp"), os.path.join(dst, "run.json"))
 
 
 def max_iters_of(cmd):
@@ -671,9 +671,9 @@ def analysis(out_dir):
                 r["ce_h_frozen"] = val_ce(model, batches, "cpu")
             steps, r["fusion"] = step_stats(model, batches, "cpu")
             r["z_H_drift"] = steps[-1]["z_H_drift"]     # after the last step: what the fusion reads
-        with open(path + ".tmp", "w") as f:
+        from common import atomic_write
+        with atomic_write(path) as f:
             json.dump(r, f, indent=1)
-        os.replace(path + ".tmp", path)
     with open(path) as f:
         return json.load(f)
 

@@ -156,3 +156,27 @@ def test_alive_selection_chooses_only_alive_runs_on_the_selection_seeds(monkeypa
     assert [next(a for a in cmd if a.startswith("--seed=")) for _, cmd in test] == [f"--seed={s}" for s in sweep.SEEDS]
     assert all(d.startswith(os.path.join("out-alive", "hrm-nt8-fixed", "lr5e-3-s")) and "--learn_alpha=False" in cmd
                for d, cmd in test)
+
+
+def test_learn_alpha_false_holds_0_1_when_starting_from_a_learned_run(steps, data_dir, tmp_path):
+    src = state(steps["paper"])["L_net.alpha"].item()
+    assert abs(src - 0.1) > 1e-3
+    out = str(tmp_path / "held")
+    run_train(HRM + ["--max_iters=1", "--eval_interval=1", "--learn_alpha=False", f"--init_from={steps['paper']}"],
+              data_dir, out)
+    assert [(r["alpha_L"], r["alpha_H"]) for r in raw_log(out)] == [(pytest.approx(0.1), pytest.approx(0.1))] * 2
+
+
+@pytest.mark.parametrize("saved,now,refused", [(1.0, 0.1, True), (0.1, 1.0, True), (0.1, 0.2, False), (1.0, 1.0, False)])
+def test_resume_refuses_a_change_in_alpha_and_taus_own_group(saved, now, refused):
+    """A resume whose AdamW groups would differ (scalar_lr_mult 1 <-> not 1) is one line naming the setting, for
+    ckpt_last.pt and ckpt_last.dcp alike (check_resume reads the settings, not the optimizer state)."""
+    from checkpoint import check_resume
+    from configurator import read_settings
+    config = dict(read_settings(os.path.join(os.path.dirname(os.path.dirname(__file__)), "train.py")), arch="hrm")
+    model_args = {"arch": "hrm"}
+    ckpt = {"model_args": model_args, "config": dict(config, scalar_lr_mult=saved), "optimizer": {}}
+    errors, _ = check_resume(ckpt, "ckpt_last.pt", model_args, dict(config, scalar_lr_mult=now), None)
+    assert bool(errors) == refused, errors
+    if refused:
+        assert f"resume with --scalar_lr_mult={saved:g}" in errors[0]

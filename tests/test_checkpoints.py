@@ -611,3 +611,19 @@ def test_an_older_sharded_checkpoint_that_cannot_be_removed_is_a_note(tmp_path, 
     assert torch.load(path, weights_only=True) == {"iter_num": 7}
     err = capsys.readouterr().err
     assert err.startswith(f"note: saved {path}, but cannot remove the older") and "Operation not permitted" in err, err
+
+
+def test_atomic_write_is_whole_or_nothing(tmp_path):
+    """common.atomic_write, the one writer of checkpoints, logs rewritten on resume and the runners' JSON: an error
+    (or a signal) mid-write leaves the old file as it was and no temporary; success replaces it."""
+    from common import atomic_write
+    path = tmp_path / "f.json"
+    path.write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_write(str(path)) as f:
+            f.write("half of the new")
+            raise KeyboardInterrupt
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["f.json"]
+    with atomic_write(str(path)) as f:
+        f.write("new")
+    assert path.read_text() == "new" and os.listdir(tmp_path) == ["f.json"]

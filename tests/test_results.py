@@ -25,7 +25,7 @@ from conftest import ROOT, fresh_clone, md_tables, patched
 sys.path.insert(0, os.path.join(ROOT, "docs"))
 import sweep  # noqa: E402
 
-SCRIPTS = ("sweep.py", "long_run.py", "beyond_paper.py", "kv_policies.py", "equalparam.py")
+SCRIPTS = ("sweep.py", "long_run.py", "beyond_paper.py", "kv_policies.py", "equalparam.py", "alive.py")
 PLOTS = ("sweep_lr.png", "bpe_lr.png", "sweep_curves.png", "depth.png", "long_run.png", "beyond_paper.png",
          "equalparam.png")
 PLOT_DATA = os.path.join(ROOT, "tests", "data", "plots.json")
@@ -221,7 +221,7 @@ def test_missing_logs_keep_the_committed_plots(checkout, tmp_path):
         if script == "kv_policies.py":   # draws no plot: its table says there is nothing to show
             assert "no readings yet" in out and not err.strip(), (out, err)
             continue
-        if script == "equalparam.py":    # no run at all: empty tables, no run counted, the plot left alone
+        if script in ("equalparam.py", "alive.py"):   # no run at all: empty tables, no run counted, no plot
             assert "0 runs committed" in out and not err.strip() and "wrote docs/" not in out, (out, err)
             continue
         assert "the committed plot" in err and len(err.strip().splitlines()) == 1, err
