@@ -115,11 +115,23 @@ x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
 
 
 
+def on_sigint(signum, frame):
+    """Ctrl-C: noted, then KeyboardInterrupt. Where Python drops that exception (it lands in a finaliser) the note
+    still stops the next token, and the handler is ours even where SIGINT was inherited ignored: never lost."""
+    on_sigint.fired = True
+    raise KeyboardInterrupt
+
+
+signal.signal(signal.SIGINT, on_sigint)
+
+
 def show(ids):
     """Print the text of token ids as they come. A token may end inside a character (BPE splits bytes), which
     decodes as U+FFFD until the next token completes it: such tokens wait for the rest."""
     pending = []
     for i in ids:
+        if getattr(on_sigint, "fired", False):
+            raise KeyboardInterrupt
         pending.append(i)
         text = decode(pending)
         if not text.endswith("\ufffd"):

@@ -418,6 +418,33 @@ def test_sample_streams_and_ctrl_c_keeps_the_text(ckpt_dir):
     assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err.decode(), err
 
 
+def test_ctrl_c_stops_sample_even_when_its_parent_ignored_sigint(ckpt_dir):
+    """A child inherits SIGINT ignored from a parent that ignores it (nohup, some job runners and test workers):
+    Python then installs no KeyboardInterrupt handler, and sample.py used to run on after a Ctrl-C (issue 49's
+    lost Ctrl-C). Its own handler makes it stop: exit 130, one line."""
+    code = ("import signal, subprocess, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "sys.exit(subprocess.call(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, sys.executable, os.path.join(ROOT, "sample.py"),
+                             f"--out_dir={ckpt_dir}", "--num_samples=1", "--max_new_tokens=10000000"],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    got = b""
+    while len(got) < 20:   # generating: the handler is in place
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready, "no streamed text within 120 s"
+        got += os.read(proc.stdout.fileno(), 4096)
+    for child in psutil_children(proc.pid):
+        os.kill(child, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted by SIGINT" in err.decode()
+
+
+def psutil_children(pid):
+    """The pids of pid's children (from /proc: no psutil needed)."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
 def test_streamed_text_equals_decoding_it_all_at_once(ckpt_dir):
     """BPE tokens can end inside a character: the streamed text must still be decode(all tokens)."""
     from checkpoint import load_checkpoint, model_from_checkpoint
