@@ -36,10 +36,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import (DTYPES, HelpFormatter, auto_device, check_device, check_output_path, fail, precision_context,
+from hrmlm.common import (DTYPES, HelpFormatter, auto_device, check_device, check_output_path, fail, precision_context,
                     sync, timed)
-import engine
-from flops import counted_train_flops, datasheet_tflops, measure_peak_tflops, train_flops
+from hrmlm import engine
+from hrmlm.flops import counted_train_flops, datasheet_tflops, measure_peak_tflops, train_flops
 from model import ModelConfig, build_model
 
 V = 50257

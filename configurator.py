@@ -21,7 +21,7 @@ import sys
 import traceback
 import types
 
-from common import fail
+from hrmlm.common import fail
 
 
 class ConfigError(ValueError):

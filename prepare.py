@@ -45,8 +45,8 @@ from contextlib import contextmanager  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from common import SIGNALLED, HelpFormatter, fail  # noqa: E402
-from data import check_dataset, get_tokenizer, load_meta  # noqa: E402
+from hrmlm.common import SIGNALLED, HelpFormatter, fail  # noqa: E402
+from hrmlm.data import check_dataset, get_tokenizer, load_meta  # noqa: E402
 
 OURS = ("train.bin", "val.bin", "meta.json")   # what prepare.py writes into a dataset folder
 OURS_OLD = tuple(n + ".tmp" for n in OURS)     # the temporary names of earlier versions of prepare.py

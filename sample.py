@@ -15,11 +15,11 @@ import time
 
 import torch
 
-from checkpoint import load_checkpoint, model_from_checkpoint
-from common import DTYPES, SIGNALLED, auto_device, auto_dtype, check_device, fail, precision_context
+from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
+from hrmlm.common import DTYPES, SIGNALLED, auto_device, auto_dtype, check_device, fail, precision_context
 from configurator import configure
-from data import get_codec, load_meta
-from engine import KV_POLICIES, cache_slots, stream
+from hrmlm.data import get_codec, load_meta
+from hrmlm.engine import KV_POLICIES, cache_slots, stream
 
 # -----------------------------------------------------------------------------
 init_from = "resume"         # "resume": the checkpoint in out_dir

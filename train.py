@@ -36,13 +36,13 @@ signal.signal(signal.SIGTERM, stopped_in_setup)
 
 import torch  # noqa: E402
 
-import data  # noqa: E402
-import engine  # noqa: E402
-import parallel  # noqa: E402
-from checkpoint import CKPT_BEST, CKPT_LAST, append_log, resume_path, start_run  # noqa: E402
-from common import DIVERGED, DTYPES, fail, fmt_time, precision_context  # noqa: E402
+from hrmlm import data  # noqa: E402
+from hrmlm import engine  # noqa: E402
+from hrmlm import parallel  # noqa: E402
+from hrmlm.checkpoint import CKPT_BEST, CKPT_LAST, append_log, resume_path, start_run  # noqa: E402
+from hrmlm.common import DIVERGED, DTYPES, fail, fmt_time, precision_context  # noqa: E402
 from configurator import configure  # noqa: E402
-from flops import counted_train_flops, device_peak_tflops  # noqa: E402
+from hrmlm.flops import counted_train_flops, device_peak_tflops  # noqa: E402
 from model import ModelConfig, build_model  # noqa: E402
 
 # -----------------------------------------------------------------------------

@@ -118,7 +118,7 @@ def raw_log(out_dir, key=None):
 
 def by_iter(out_dir):
     """checkpoint.read_log(out_dir) as {iteration: row} (an iteration logged twice: its last line)."""
-    from checkpoint import read_log
+    from hrmlm.checkpoint import read_log
     return {r["iter"]: r for r in read_log(out_dir)[0]}
 
 

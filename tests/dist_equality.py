@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import parallel  # noqa: E402
-from common import precision_context  # noqa: E402
+from hrmlm import parallel  # noqa: E402
+from hrmlm.common import precision_context  # noqa: E402
 from model import ModelConfig, build_model  # noqa: E402
 
 CASES = {"hrm": dict(arch="hrm", N=2, T=2, K=2), "hrm_fast_only": dict(arch="hrm", N=2, T=2, K=2, fast_only=True),

@@ -76,8 +76,8 @@ def test_scalar_lr_mult_on_a_baseline_is_a_note_and_nonpositive_is_refused(data_
 def test_blocks_off_costs(steps, data_dir, tmp_path, capsys):
     """analyze.py's readings against an independent computation: the checkpoint's alphas zeroed in its state
     dict and a fresh model built from it (each block off, and both)."""
-    import analyze
-    from checkpoint import load_checkpoint, model_from_checkpoint
+    from tools import analyze
+    from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
     out = tmp_path / "a.json"
     analyze.main([f"--out_dir={steps['paper']}", "--ckpt=ckpt_last.pt", f"--data_dir={data_dir}", "--batches=2",
                   f"--json={out}"])
@@ -102,7 +102,7 @@ def test_blocks_off_costs(steps, data_dir, tmp_path, capsys):
 
 
 def test_fast_only_has_no_slow_block_to_switch_off(data_dir, tmp_path, capsys):
-    import analyze
+    from tools import analyze
     out = str(tmp_path / "fo")
     run_train(HRM + ["--fast_only=True", "--max_iters=1", "--eval_interval=1"], data_dir, out)
     assert "alpha_H" not in raw_log(out)[-1] and "alpha_L" in raw_log(out)[-1]
@@ -110,7 +110,7 @@ def test_fast_only_has_no_slow_block_to_switch_off(data_dir, tmp_path, capsys):
     assert "alpha_H -" in capsys.readouterr().out
 
 
-# --- docs/alive.py's selection, on made-up committed runs -----------------------------------------------------
+# --- experiments/alive.py's selection, on made-up committed runs -----------------------------------------------------
 
 def test_alive_selection_chooses_only_alive_runs_on_the_selection_seeds(monkeypatch, tmp_path):
     """Only runs whose blocks-off cost is at least ALIVE compete; a remedy with no alive run grows its lr grid
@@ -118,11 +118,12 @@ def test_alive_selection_chooses_only_alive_runs_on_the_selection_seeds(monkeypa
     chosen. Seeds 7 and 8 only: no test seed is touched."""
     import sys
     from conftest import ROOT
-    sys.path.insert(0, os.path.join(ROOT, "docs"))
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
     import alive
     import sweep
     monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
     monkeypatch.setattr(alive, "REACH", 1)
+    monkeypatch.setattr(alive, "HRM_START", (0, -1))
     monkeypatch.setattr(alive, "REMEDIES", {"paper": [], "fixed": ["--learn_alpha=False"]})
 
     def commit(remedy, k, seed, ce, off_both=None):
@@ -171,7 +172,7 @@ def test_learn_alpha_false_holds_0_1_when_starting_from_a_learned_run(steps, dat
 def test_resume_refuses_a_change_in_alpha_and_taus_own_group(saved, now, refused):
     """A resume whose AdamW groups would differ (scalar_lr_mult 1 <-> not 1) is one line naming the setting, for
     ckpt_last.pt and ckpt_last.dcp alike (check_resume reads the settings, not the optimizer state)."""
-    from checkpoint import check_resume
+    from hrmlm.checkpoint import check_resume
     from configurator import read_settings
     config = dict(read_settings(os.path.join(os.path.dirname(os.path.dirname(__file__)), "train.py")), arch="hrm")
     model_args = {"arch": "hrm"}

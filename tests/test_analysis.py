@@ -20,7 +20,7 @@ def runs(data_dir, tmp_path_factory):
 
 
 def test_plot_writes_png(runs, tmp_path):
-    import plot
+    from tools import plot
     out = tmp_path / "curves.png"
     plot.main([*runs, f"--out={out}", "--title=t", "--labels=HRM,T-L2"])
     data = out.read_bytes()
@@ -32,7 +32,7 @@ def test_plot_writes_png(runs, tmp_path):
 
 
 def test_analyze_tables_and_json(runs, data_dir, tmp_path, capsys):
-    import analyze
+    from tools import analyze
     hrm, _ = runs
     out = tmp_path / "a.json"
     analyze.main([f"--out_dir={hrm}", f"--data_dir={data_dir}", "--batches=2", f"--json={out}"])
@@ -54,7 +54,7 @@ def test_analyze_tables_and_json(runs, data_dir, tmp_path, capsys):
 
 def test_frozen_slow_module_keeps_z_H0(runs, data_dir):
     import torch
-    import analyze
+    from tools import analyze
     model, ck = analyze.load(runs[0], "ckpt.pt", "cpu")
     with analyze.slow_module_frozen(model), analyze.record_steps(model) as steps:
         model(torch.zeros((1, 8), dtype=torch.long))
@@ -63,7 +63,7 @@ def test_frozen_slow_module_keeps_z_H0(runs, data_dir):
 
 
 def test_analyze_refuses_other_archs(runs):
-    import analyze
+    from tools import analyze
     with pytest.raises(SystemExit, match="the HLRole analyses need an HRM"):
         analyze.main([f"--out_dir={runs[1]}"])
     with pytest.raises(SystemExit, match="no checkpoint"):
@@ -75,7 +75,7 @@ def test_plot_defaults_beside_the_runs_with_iteration_0_and_unigram(runs, capsys
     iteration 0 in view; the unigram line of the run's dataset is drawn."""
     import os
     import matplotlib.pyplot as plt
-    import plot
+    from tools import plot
     saved = {}
     real = plt.Figure.savefig
     plt.Figure.savefig = lambda fig, path, *a, **k: (saved.update(fig=fig), real(fig, path, *a, **k))[1]
@@ -94,7 +94,7 @@ def test_plot_defaults_beside_the_runs_with_iteration_0_and_unigram(runs, capsys
 
 
 def test_read_log_skips_malformed_lines(tmp_path, capsys):
-    from plot import load_log
+    from tools.plot import load_log
     (tmp_path / "log.jsonl").write_text('{"iter": 4, "val_loss": 2.0}\n{"iter": 0, "val_loss": 5.0}\n'
                                         '{"iter": 2, "val_l\n[1, 2]\n\n{"iter": 2, "val_loss": 3.0}\n')
     assert [r["iter"] for r in load_log(str(tmp_path))] == [0, 2, 4]
@@ -122,7 +122,7 @@ def test_plot_refuses_before_drawing(case, runs, tmp_path):
             pytest.skip("running as a user who can write anywhere (root)")
     else:
         out = tmp_path / "chart.xyz"
-    p = run_script("plot.py", run, f"--out={out}")
+    p = run_script("tools/plot.py", run, f"--out={out}")
     word = {"nan_log": "no finite val_loss", "out_folder": "is a folder", "read_only": "not writable",
             "unsupported": "matplotlib cannot write .xyz"}[case]
     assert word in one_error_line(p, prog="plot.py")
@@ -136,7 +136,7 @@ def test_plot_draws_one_unigram_line_per_dataset(runs, char_data, tmp_path, caps
     import matplotlib.pyplot as plt
     char = str(tmp_path / "char")
     run_train(char_tiny(char, "--max_iters=2"), char_data, char)
-    import plot
+    from tools import plot
     saved = {}
     real = plt.Figure.savefig
     plt.Figure.savefig = lambda self, *a, **k: saved.setdefault("labels", [t.get_text() for t in self.axes[0].get_legend().get_texts()])
@@ -149,7 +149,7 @@ def test_plot_draws_one_unigram_line_per_dataset(runs, char_data, tmp_path, caps
 
 
 def test_depth_at_inference(runs, data_dir, tmp_path):
-    import analyze
+    from tools import analyze
     hrm = runs[0]
     rows = analyze.main([f"--out_dir={hrm}", f"--data_dir={data_dir}", "--batches=2", "--depth=0.5,1,2",
                          f"--json={tmp_path / 'd.json'}"])
@@ -169,8 +169,8 @@ def test_depth_at_inference(runs, data_dir, tmp_path):
 def test_cache_policies_measured(runs, data_dir, tmp_path):
     """--kv: token-by-token decoding under the exact cache has the model's val CE and agrees with itself;
     the shared policies report their own CE, a smaller cache (the formula), and how far greedy text strays."""
-    import analyze
-    import engine
+    from tools import analyze
+    from hrmlm import engine
     hrm = runs[0]
     rows = analyze.main([f"--out_dir={hrm}", f"--data_dir={data_dir}", "--batches=2", "--kv=full,last,fired",
                          f"--json={tmp_path / 'kv.json'}"])

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bench import model_config
-from flops import counted_train_flops, train_flops
+from hrmlm.flops import counted_train_flops, train_flops
 from conftest import ROOT, measured_iter_mb, one_error_line, run_script
 
 

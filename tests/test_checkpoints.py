@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from checkpoint import nonfinite_tensors
+from hrmlm.checkpoint import nonfinite_tensors
 from conftest import (ENV, HRM, ROOT, TINY, Evil, by_iter, char_tiny, copy_run, one_error_line, patched, raw_log,
                       read_until, run_script, run_train, snapshot, train_cmd, wait_for)
 
@@ -434,7 +434,7 @@ def test_legacy_checkpoint_samples(legacy_run):
 
 def test_legacy_checkpoint_analyses(legacy_run, char_data, tmp_path, capsys):
     """analyze.py reads the old ckpt.pt: the M = 4 steps, the firings at 2 and 4, the fusion weights."""
-    import analyze
+    from tools import analyze
     out = tmp_path / "a.json"
     analyze.main([f"--out_dir={legacy_run}", f"--data_dir={char_data}", "--batches=2", f"--json={out}"])
     assert "HLRole(A)" in capsys.readouterr().out
@@ -586,7 +586,7 @@ def test_signal_during_an_evaluation_saves_and_resume_evaluates(char_data, tmp_p
 def test_a_kill_between_the_sharded_swaps_loses_nothing(tmp_path):
     """save_sharded moves the old ckpt_last.dcp aside before the new one takes its name; killed in between, the
     next run puts the old one back instead of sweeping it away with the temporaries."""
-    from checkpoint import take_out_dir
+    from hrmlm.checkpoint import take_out_dir
     old = tmp_path / "ckpt_last.dcp.tmp.old"
     old.mkdir()
     (old / "meta.pt").write_bytes(b"x")
@@ -600,7 +600,7 @@ def test_an_older_sharded_checkpoint_that_cannot_be_removed_is_a_note(tmp_path, 
     """An FSDP run resumed by one process saves ckpt_last.pt and removes the older ckpt_last.dcp; where that
     removal fails (a read-only or immutable folder), the save stands and the run goes on with a note, not a
     'cannot save' error (a resume takes the later of the two)."""
-    import checkpoint
+    from hrmlm import checkpoint
 
     def refuse(path, *a, **k):
         raise PermissionError(1, "Operation not permitted", path)
@@ -616,7 +616,7 @@ def test_an_older_sharded_checkpoint_that_cannot_be_removed_is_a_note(tmp_path, 
 def test_atomic_write_is_whole_or_nothing(tmp_path):
     """common.atomic_write, the one writer of checkpoints, logs rewritten on resume and the runners' JSON: an error
     (or a signal) mid-write leaves the old file as it was and no temporary; success replaces it."""
-    from common import atomic_write
+    from hrmlm.common import atomic_write
     path = tmp_path / "f.json"
     path.write_text("old")
     with pytest.raises(KeyboardInterrupt):

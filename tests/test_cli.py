@@ -27,7 +27,7 @@ CASES = [
     ("sample_binary_prompt", "sample.py", ["--out_dir={ckpt}", "--start=FILE:{binary}"], "not UTF-8"),
     ("sample_tiny_temperature", "sample.py", ["--out_dir={ckpt}", "--temperature=1e-45"], "too small"),
     # analyze.py, bench.py
-    ("analyze_pickled_code", "analyze.py", ["--out_dir={evil}"], "not loaded"),
+    ("analyze_pickled_code", "tools/analyze.py", ["--out_dir={evil}"], "not loaded"),
     ("bench_no_models", "bench.py", ["--preset=tiny", "--models=,"], "names no model; choose from tf_l2"),
     # prepare.py (each aimed at the prepared dataset `mine`, which must come through untouched)
     ("prepare_num_threads_0", "prepare.py", ["--data_dir={data}", "--dataset=mine", "--input={docs}",
@@ -40,8 +40,8 @@ CASES = [
      "too little"),
     ("prepare_dataset_not_a_name", "prepare.py", ["--data_dir={data}", "--dataset=../mine"], "plain folder name"),
     # plot.py
-    ("plot_empty_log", "plot.py", ["{empty_run}", "--out={tmp}/c.png"], "is empty"),
-    ("plot_only_malformed_lines", "plot.py", ["{garbage_run}", "--out={tmp}/c.png"], "2 malformed"),
+    ("plot_empty_log", "tools/plot.py", ["{empty_run}", "--out={tmp}/c.png"], "is empty"),
+    ("plot_only_malformed_lines", "tools/plot.py", ["{garbage_run}", "--out={tmp}/c.png"], "2 malformed"),
 ]
 
 
@@ -104,8 +104,11 @@ def world(trained, tmp_path_factory):
 @pytest.mark.parametrize("case,script,word", [(c[0], c[1], c[3]) for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line(world, case, script, word):
     p, done, _ = world
-    line = one_error_line(done[case], prog=script)
+    line = one_error_line(done[case], prog=os.path.basename(script))
     assert word.format(**p) in line, line
+
+
+TOOLS = ("analyze", "plan", "plot")   # tools/<name>.py; the rest are the root's scripts
 
 
 @pytest.mark.parametrize("module,args,word", [c[1:] for c in IN_PROCESS], ids=[c[0] for c in IN_PROCESS])
@@ -114,7 +117,7 @@ def test_bad_input_stops_in_process(world, module, args, word):
     if "--device=cuda" in args and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(SystemExit) as e:
-        importlib.import_module(module).main([a.format(**p) for a in args])
+        importlib.import_module(f"tools.{module}" if module in TOOLS else module).main([a.format(**p) for a in args])
     msg = str(e.value)
     assert msg.startswith(f"{module}.py: error: ") and word.format(**p) in msg and "\n" not in msg, msg
 

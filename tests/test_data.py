@@ -18,7 +18,7 @@ from conftest import ENV, HRM, ROOT, one_error_line, run_script, run_train, snap
 # --- the tokenizer, the Shakespeare plays and their split ----------------------------------------------
 
 def test_tokenizer_is_gpt2_offline():
-    from data import get_tokenizer
+    from hrmlm.data import get_tokenizer
     enc = get_tokenizer()
     assert enc.n_vocab == 50257 and enc.eot_token == 50256
     assert enc.encode("Hello world") == [15496, 995]  # GPT-2's ids
@@ -27,7 +27,7 @@ def test_tokenizer_is_gpt2_offline():
 
 
 def test_prepare_slice(data_dir):
-    from data import get_tokenizer
+    from hrmlm.data import get_tokenizer
     from prepare import shakespeare_plays, split_documents
     d = os.path.join(data_dir, "shakespeare")
     meta = json.load(open(os.path.join(d, "meta.json")))
@@ -49,7 +49,7 @@ def test_pieces_and_chunks_give_the_same_tokens(data_dir, tmp_path, monkeypatch)
     CJK, contractions, a lone surrogate) encodes in pieces as it does whole."""
     import random
     import prepare
-    from data import get_tokenizer
+    from hrmlm.data import get_tokenizer
     from datasets import Dataset
     monkeypatch.setattr(prepare, "PIECE_CHARS", 1000)
     monkeypatch.setattr(prepare, "CHUNK_CHARS", 20000)
@@ -94,7 +94,7 @@ def test_plays_are_plain_text():
 
 
 def test_char_dataset_and_unigram(tmp_path):
-    from data import get_codec, load_meta, unigram_ce
+    from hrmlm.data import get_codec, load_meta, unigram_ce
     from prepare import prepare_chars, shakespeare_plays, split_documents
     docs = shakespeare_plays()[:6]
     counts = prepare_chars(docs, str(tmp_path / "c"))
@@ -158,7 +158,7 @@ def test_openwebtext_without_network_is_one_line(tmp_path, monkeypatch):
 
 def test_prepare_one_file_with_bad_bytes(tmp_path):
     """--input=FILE (a single document: split by its text) works; bytes that are not UTF-8 get a note."""
-    from data import check_dataset
+    from hrmlm.data import check_dataset
     f = tmp_path / "corpus.txt"
     f.write_bytes(b"".join(b"line %d of the only document\n" % i for i in range(200)) + b"caf\xe9 \xff\xfe\n")
     p = run_script("prepare.py", f"--data_dir={tmp_path}", "--dataset=single", f"--input={f}", "--num_threads=1",
@@ -171,7 +171,7 @@ def test_prepare_one_file_with_bad_bytes(tmp_path):
 
 
 def test_prepare_folder_of_one_document(tmp_path):
-    from data import check_dataset
+    from hrmlm.data import check_dataset
     from prepare import main
     src = write_docs(str(tmp_path / "src"), 1)
     counts = main([f"--data_dir={tmp_path}", "--dataset=one", f"--input={src}", "--num_threads=1"])
@@ -182,7 +182,7 @@ def test_prepare_folder_of_one_document(tmp_path):
 # --- check_dataset: a prepared dataset passes, each corruption is named in one line ------------------
 
 def test_check_dataset_accepts_prepared_data(data_dir, tmp_path):
-    from data import check_dataset
+    from hrmlm.data import check_dataset
     meta = check_dataset(data_dir, "shakespeare")
     assert meta["tokenizer"] == "gpt2" and set(meta["tokens"]) == {"train", "val"}
 
@@ -214,7 +214,7 @@ def _corrupt(kind, d):
     ("count", "tokens but"), ("vocab", "token id"), ("tokenizer", "unknown tokenizer 'sentencepiece'"),
 ])
 def test_check_dataset_names_the_problem(data_dir, tmp_path, kind, word):
-    from data import check_dataset
+    from hrmlm.data import check_dataset
     d = tmp_path / "mine"
     shutil.copytree(os.path.join(data_dir, "shakespeare"), d)
     _corrupt(kind, d)
@@ -255,7 +255,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 @pytest.mark.parametrize("how", ["interrupt", "kill"])
 def test_prepare_stopped_mid_way_keeps_previous_dataset(tmp_path, how):
-    from data import check_dataset
+    from hrmlm.data import check_dataset
     from prepare import main
     data = str(tmp_path / "data")
     main([f"--data_dir={data}", "--dataset=mine", f"--input={write_docs(str(tmp_path / 'old'), 3)}", "--num_threads=1"])
@@ -286,7 +286,7 @@ def test_prepare_stopped_mid_way_keeps_previous_dataset(tmp_path, how):
 def test_prepare_settles_a_swap_cut_short(tmp_path, where):
     """A prepare.py killed inside the swap itself: the next run puts the previous dataset back (or keeps the
     new one) and carries the user's files over; check_dataset says where the old dataset went meanwhile."""
-    from data import check_dataset
+    from hrmlm.data import check_dataset
     from prepare import main
     data = str(tmp_path / "data")
     docs = write_docs(str(tmp_path / "docs"), 3)
@@ -313,7 +313,7 @@ def test_prepare_settles_a_swap_cut_short(tmp_path, where):
 
 
 def test_dataset_without_meta_json_is_refused_with_the_rebuild_command(data_dir, tmp_path):
-    from data import check_dataset
+    from hrmlm.data import check_dataset
     old = tmp_path / "old"   # token files without their meta.json: no tokenizer to read them with
     old.mkdir()
     for split in ("train", "val"):
@@ -389,7 +389,7 @@ def _size(path):
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_prepare_stops_on_a_signal_at_any_moment(data_dir, tmp_path, sig):
     import signal
-    from data import check_dataset
+    from hrmlm.data import check_dataset
     from prepare import GRACE_S
     signum = getattr(signal, sig)
     data = str(tmp_path / "data")
@@ -499,7 +499,7 @@ def test_a_signal_python_drops_still_stops_prepare(tmp_path, monkeypatch):
 STUCK = r"""
 import sys, time
 sys.path.insert(0, {root!r})
-import data
+from hrmlm import data
 _monotonic = time.monotonic
 time.monotonic = lambda: _monotonic() * 5
 def stuck():

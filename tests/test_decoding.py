@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-import engine
+from hrmlm import engine
 from conftest import ENV, ROOT, V, char_tiny, make, one_error_line, run_script, run_train, tiny
 from model import build_model
 
@@ -447,8 +447,8 @@ def psutil_children(pid):
 
 def test_streamed_text_equals_decoding_it_all_at_once(ckpt_dir):
     """BPE tokens can end inside a character: the streamed text must still be decode(all tokens)."""
-    from checkpoint import load_checkpoint, model_from_checkpoint
-    from data import get_codec
+    from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
+    from hrmlm.data import get_codec
     ck = load_checkpoint(os.path.join(ckpt_dir, "ckpt.pt"))
     model = model_from_checkpoint(ck).eval()
     encode, decode = get_codec(ck["meta"])

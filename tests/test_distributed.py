@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from checkpoint import load_checkpoint, model_from_checkpoint, resume_path
+from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint, resume_path
 from conftest import ENV, HRM, ROOT, by_iter, copy_run, one_error_line, progress_losses, raw_log, run_train
 
 # --- bf16: FSDP and DDP against one process, every architecture (tests/dist_equality.py) ----------------------

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import engine
+from hrmlm import engine
 from conftest import V, assert_grads_close, grads, grads_differ, make, tiny
 from model import ModelConfig, build_model
 
@@ -295,7 +295,7 @@ def test_K_slow_gradient_routing(batch):
     firings 2, 3, 4 (steps 4, 6, 8), never into the Fast steps outside the window."""
     idx, tgt = batch
     m = make(tiny("hrm", N=4, T=2, K=1, S=2, K_slow=3), scale=3.0)
-    from analyze import record_steps
+    from tools.analyze import record_steps
     with record_steps(m) as record:
         _, loss = m(idx, tgt)
     steps = [(i, z_L, za if fired else None) for i, fired, z_L, zb, za in record]

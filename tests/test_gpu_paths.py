@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import bench
-import common
-import flops
+from hrmlm import common
+from hrmlm import flops
 
 
 @pytest.mark.parametrize("name, peak", [

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import parallel
+from hrmlm import parallel
 from conftest import ROOT
 from model import ModelConfig, build_model
 
@@ -61,7 +61,7 @@ def test_autocast_weight_cache_off_where_it_would_drop_gradients(monkeypatch):
     and HRM's and UniTF's window steps reuse it: their shared weights get no gradient, silently. precision_context
     asks the running torch (autocast_cache_keeps_grad) and turns the cache off where it would; FSDP always
     casts at every use (parallel.fully_shard_model)."""
-    import common
+    from hrmlm import common
     assert common.autocast_cache_keeps_grad("cpu", torch.bfloat16)          # torch 2.13: fixed
     assert common.precision_context("cpu", "bfloat16")._cache_enabled
     assert not common.precision_context("cpu", "bfloat16", weight_cache=False)._cache_enabled

@@ -52,7 +52,7 @@ def reference(data_dir, ck):
     """Algorithm 1 written plainly: the same initial model, one batch of G*B (micro-batches 0..G-1 of the iteration
     side by side, no accumulation), AdamW with decay on matrices and embeddings only, the clip at grad_clip*K/M,
     the schedule above. Returns per-iteration (lr, loss, grad norm), the val CE after each, and the final model."""
-    import data
+    from hrmlm import data
     from model import ModelConfig, build_model
     cfg = ck["config"]
     splits, _ = data.open_dataset(data_dir, cfg["dataset"], cfg["block_size"])

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-import engine
+from hrmlm import engine
 from conftest import PAPER_SIZES, V, make, tiny
 from model import ModelConfig, apply_rope, build_model, rope_table
 

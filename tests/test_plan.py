@@ -12,7 +12,7 @@ import torch
 from bench import model_config
 from conftest import ROOT, md_tables, measured_iter_mb, one_error_line, patched, run_script, sh_commands
 from model import ModelConfig, build_model
-from plan import count_iteration
+from tools.plan import count_iteration
 
 
 @pytest.mark.parametrize("name", ["hrm_nt4", pytest.param("tf_l4", marks=pytest.mark.slow)])
@@ -58,9 +58,9 @@ def finish():
 
 
 def test_paper_configs_planned_without_memory(tmp_path):
-    """python plan.py <paper configs> --gpu_mem_gb=80: verdicts, largest micro-batch, a command line that keeps
+    """python tools/plan.py <paper configs> --gpu_mem_gb=80: verdicts, largest micro-batch, a command line that keeps
     the global batch; a few hundred MB (nothing is allocated at paper size)."""
-    cmd = patched(MAXRSS, tmp_path, [sys.executable, "plan.py", "config/equalparam_nt12.py",
+    cmd = patched(MAXRSS, tmp_path, [sys.executable, "tools/plan.py", "config/equalparam_nt12.py",
                                      "config/tfbaseline_tf_l12.py", "--gpu_mem_gb=80"])
     # what planning adds to the peak RSS over its imports: < 0.5 GB, no paper-size tensor (the embedding alone is
     # 0.8 GB). Counted above the imports: whole-process peaks of 0.31 GB and, in fresh-clone full-suite runs,
@@ -79,14 +79,14 @@ def test_paper_configs_planned_without_memory(tmp_path):
 def test_plan_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("n_embdd = 5\n")
-    line = one_error_line(run_script("plan.py", str(bad)), prog="plan.py")
+    line = one_error_line(run_script("tools/plan.py", str(bad)), prog="plan.py")
     assert line.startswith("plan.py: error:") and "n_embd" in line
 
 
 @pytest.mark.parametrize("arg", ["--gpu_mem_gb=nan", *[pytest.param(a, marks=pytest.mark.slow)
                                                           for a in ("--gpu_mem_gb=inf", "--reserve_gb=nan")]])
 def test_plan_refuses_non_finite_sizes(arg):
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "plan.py"), "config/equalparam_nt12.py", arg],
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "plan.py"), "config/equalparam_nt12.py", arg],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 2 and p.stderr.startswith("plan.py: error:") and "finite" in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1

@@ -1,5 +1,5 @@
-"""docs/RESULTS.md against its data: every table in it is printed by docs/sweep.py, docs/long_run.py or
-docs/beyond_paper.py from the logs committed under docs/logs/ alone, and nothing those scripts print is
+"""docs/RESULTS.md against its data: every table in it is printed by experiments/sweep.py, experiments/long_run.py or
+experiments/beyond_paper.py from the logs committed under experiments/logs/ alone, and nothing those scripts print is
 missing from it; drawing the plots again draws the data of the committed plots; and the sweep's bookkeeping
 (which runs are finished, which learning rate is best and settled, the standard errors) reads those logs.
 
@@ -22,7 +22,7 @@ import pytest
 
 from conftest import ROOT, fresh_clone, md_tables, patched
 
-sys.path.insert(0, os.path.join(ROOT, "docs"))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import sweep  # noqa: E402
 
 SCRIPTS = ("sweep.py", "long_run.py", "beyond_paper.py", "kv_policies.py", "equalparam.py", "alive.py")
@@ -52,9 +52,9 @@ def checkout(tmp_path_factory):
 
 
 def tables_of(checkout, script, figures=None):
-    """python docs/<script> --tables in checkout: (stdout, stderr); with figures (a folder), each figure it saves
+    """python experiments/<script> --tables in checkout: (stdout, stderr); with figures (a folder), each figure it saves
     is pickled there too."""
-    cmd = [sys.executable, f"docs/{script}", "--tables"]
+    cmd = [sys.executable, f"experiments/{script}", "--tables"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if figures:
         cmd, env["FIGURES"] = patched(RECORD_FIGURES, figures, cmd), str(figures)
@@ -79,7 +79,7 @@ def test_every_results_table_is_printed_from_the_committed_logs(checkout, printe
         page = md_tables(f.read())
     out = [t for s in SCRIPTS for t in md_tables(printed[s][0])]
     stale = [t for t in page if t not in out]
-    assert not stale, "tables in docs/RESULTS.md that no script prints from docs/logs:\n\n" + "\n\n".join(stale)
+    assert not stale, "tables in docs/RESULTS.md that no script prints from experiments/logs:\n\n" + "\n\n".join(stale)
     missing = [t for t in out if t not in page]
     assert not missing, "tables the scripts print that docs/RESULTS.md lacks:\n\n" + "\n\n".join(missing)
 
@@ -215,7 +215,7 @@ def test_missing_logs_keep_the_committed_plots(checkout, tmp_path):
     """With no logs, --tables prints empty tables and says so in one line; it does not draw empty plots."""
     bare = tmp_path / "bare"
     shutil.copytree(checkout, bare)
-    shutil.rmtree(bare / "docs" / "logs")
+    shutil.rmtree(bare / "experiments" / "logs")
     for script in SCRIPTS:
         out, err = tables_of(str(bare), script)
         if script == "kv_policies.py":   # draws no plot: its table says there is nothing to show
@@ -233,11 +233,11 @@ def test_missing_logs_keep_the_committed_plots(checkout, tmp_path):
 def test_committed_runs_are_not_run_again(checkout):
     """The runners skip exactly the runs whose logs are committed: --dry-run marks each of them finished."""
     for script, folder in (("beyond_paper.py", "beyond"), ("long_run.py", "long")):
-        p = subprocess.run([sys.executable, f"docs/{script}", "--dry-run"], cwd=checkout, capture_output=True,
+        p = subprocess.run([sys.executable, f"experiments/{script}", "--dry-run"], cwd=checkout, capture_output=True,
                            text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         done = [line for line in p.stdout.splitlines() if line.startswith("# finished")]
-        committed = [r for r, _, files in os.walk(os.path.join(checkout, "docs", "logs", folder)) if "run.json" in files]
+        committed = [r for r, _, files in os.walk(os.path.join(checkout, "experiments", "logs", folder)) if "run.json" in files]
         assert len(done) == len(committed), (script, len(done), len(committed))
         assert "# rerun" not in p.stdout, f"{script}: checkpoint readings not committed:\n{p.stdout}"
 
@@ -272,7 +272,7 @@ def test_a_run_counts_as_finished_only_with_its_facts(monkeypatch, tmp_path):
     assert not sweep.finished(out_dir) and sweep.final_val(out_dir) == math.inf
     (d / "run.json").write_text(json.dumps({"diverged": False, "final_val": 2.0}))
     assert sweep.finished(out_dir) and sweep.final_val(out_dir) == 2.0
-    assert sweep.log_dir("out-sweep/char/a/b") == os.path.join("docs", "logs", "sweep", "char", "a", "b")
+    assert sweep.log_dir("out-sweep/char/a/b") == os.path.join("experiments", "logs", "sweep", "char", "a", "b")
     assert sweep.log_dir("/elsewhere/runs/x") == "/elsewhere/runs/x"   # a user's own --out keeps its logs
 
 
@@ -327,7 +327,7 @@ def test_a_rerun_that_is_still_here_is_not_run_a_third_time(monkeypatch, tmp_pat
 
 def test_training_time_adds_up_across_a_resume():
     """train.py's time_s restarts at 0 on a resume; the long run's total counts both stretches."""
-    import long_run   # docs/ is on the path (above)
+    import long_run   # experiments/ is on the path (above)
     log = [{"iter": 0, "time_s": 5.0}, {"iter": 200, "time_s": 50.0},      # cut off after 50 s
            {"iter": 400, "time_s": 45.0}, {"iter": 600, "time_s": 90.0}]   # resumed: 90 s more
     assert long_run.train_seconds(log) == 140.0
@@ -337,7 +337,7 @@ def test_training_time_adds_up_across_a_resume():
 def test_runners_stop_before_any_run_without_data(checkout):
     """A fresh clone has no data/: the runners say which dataset to prepare, in one line, and run nothing."""
     for script in ("sweep.py", "long_run.py"):
-        p = subprocess.run([sys.executable, f"docs/{script}"], cwd=checkout, capture_output=True, text=True,
+        p = subprocess.run([sys.executable, f"experiments/{script}"], cwd=checkout, capture_output=True, text=True,
                            timeout=120)
         assert p.returncode == 2 and p.stderr.strip() == (f"{script}: error: data/shakespeare_char not found; "
                                                           "run python prepare.py --dataset=shakespeare_char"), p.stderr
@@ -347,7 +347,7 @@ def test_runners_stop_before_any_run_without_data(checkout):
 def test_a_cut_off_checkpoint_is_not_read(monkeypatch, tmp_path):
     """A rerun cut off mid-way leaves a ckpt_last.pt from before the last iteration: analysis() must not read
     it (nor cache a reading of it) as the finished run's."""
-    import analyze
+    from tools import analyze
     monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
     out_dir = tmp_path / "out-long" / "run"
     out_dir.mkdir(parents=True)

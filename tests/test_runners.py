@@ -1,4 +1,4 @@
-"""The experiment runners (docs/sweep.py's run_all, which equalparam.py, long_run.py and beyond_paper.py share):
+"""The experiment runners (experiments/sweep.py's run_all, which equalparam.py, long_run.py and beyond_paper.py share):
 a signal to the runner, a signal to one of its runs, and a runner killed outright each leave every run saved and
 stopped, never a train.py going on alone with nobody to store it; a restarted runner skips a run a train.py still
 holds. Each case runs the real runner on real (tiny) train.py runs, with deadlines."""
@@ -17,7 +17,7 @@ from conftest import ENV, HRM, ROOT, train_cmd, wait_for
 
 RUNNER = f"""
 import json, sys
-sys.path.insert(0, {os.path.join(ROOT, "docs")!r})
+sys.path.insert(0, {os.path.join(ROOT, "experiments")!r})
 import sweep
 sweep.run_all([tuple(job) for job in json.loads(sys.argv[1])], 1)
 """

@@ -1,5 +1,5 @@
-"""docs/stats.py (the tests every runner reports a difference with) against published t-table values, and
-docs/equalparam.py's phases (which runs it asks for, given which have finished) on made-up results."""
+"""experiments/stats.py (the tests every runner reports a difference with) against published t-table values, and
+experiments/equalparam.py's phases (which runs it asks for, given which have finished) on made-up results."""
 
 import os
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "docs"))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import equalparam  # noqa: E402
 import stats  # noqa: E402
 import sweep  # noqa: E402
@@ -115,7 +115,7 @@ def test_a_damaged_committed_log_is_one_line(tmp_path):
 
 
 def test_kv_policy_table_pairs_each_policy_with_full_by_seed(monkeypatch):
-    """docs/kv_policies.py's table on made-up readings of the committed 400-iteration runs: each shared policy's
+    """experiments/kv_policies.py's table on made-up readings of the committed 400-iteration runs: each shared policy's
     CE against the exact cache's, paired by seed (the same model, read two ways)."""
     import kv_policies
     extra = {"1337": 0.02, "42": 0.03, "2024": 0.025}   # last's CE above full's, seed by seed

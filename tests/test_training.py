@@ -15,7 +15,7 @@ from conftest import (ENV, HRM, PAPER_MODELS, ROOT, char_tiny, copy_run, one_err
                       raw_log, run_script, run_train, snapshot, train_cmd)
 from configurator import ConfigError, apply_config, model_config, read_settings
 from model import build_model
-from plan import train_defaults
+from tools.plan import train_defaults
 
 # --- the configurator ---------------------------------------------------------------------------
 
@@ -221,7 +221,7 @@ def test_configs_set_only_what_differs():
 @pytest.mark.parametrize("script", ["train", "sample", "bench", "analyze", "prepare", "plot"])
 def test_help_lists_every_setting_with_its_default(script):
     """--help exits 0 and names every setting the script reads, with its default."""
-    p = run_script(f"{script}.py", "--help", timeout=120)
+    p = run_script(f"{script}.py" if os.path.exists(os.path.join(ROOT, f"{script}.py")) else f"tools/{script}.py", "--help", timeout=120)
     assert p.returncode == 0 and not p.stderr, p.stderr
     if script in ("train", "sample"):  # configurator scripts: every global of the settings block
         keys = read_settings(os.path.join(ROOT, f"{script}.py"))   # the settings block, read from the source's syntax

@@ -4,8 +4,8 @@ architecture from trainability. One command runs what is missing, skipping finis
 after a stop), then prints every table and draws every plot from the committed logs:
 
     python prepare.py --dataset=shakespeare_char && python prepare.py
-    python docs/sweep.py                 # all runs, then tables and plots (about 3 hours on 2 cores)
-    python docs/sweep.py --tables        # tables and plots only, from docs/logs/sweep/ alone (a fresh clone)
+    python experiments/sweep.py                 # all runs, then tables and plots (about 3 hours on 2 cores)
+    python experiments/sweep.py --tables        # tables and plots only, from experiments/logs/sweep/ alone (a fresh clone)
 
 Phases (each run is a plain train.py command, printed before it starts):
   1. character testbed, 15 variants x 4 learning rates, seed 1337: HRM, Transformer L=4, UniTF (each
@@ -24,7 +24,7 @@ Phases (each run is a plain train.py command, printed before it starts):
 Tables only: the checkpoint readings (Slow-module ablation, z_H drift, fusion weights, depth at inference)
 are computed once from out-sweep/'s last checkpoints and committed beside the logs (analysis.json).
 Runs go two at a time, one thread each (2 cores); a run's output is in its out_dir/train.out, and when it
-finishes its log.jsonl and run.json (command, final CE, parameters, counted FLOPs) go to docs/logs/sweep/.
+finishes its log.jsonl and run.json (command, final CE, parameters, counted FLOPs) go to experiments/logs/sweep/.
 """
 
 import argparse
@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)   # train.py's modules; imported where used, so --tables from run.json files needs no torch
 
 OUT = "out-sweep"                          # every run's out_dir (checkpoints; not committed) is under here
-LOGS = os.path.join("docs", "logs")        # committed: out-<name>/<run>/log.jsonl -> docs/logs/<name>/<run>/
+LOGS = os.path.join("experiments", "logs")        # committed: out-<name>/<run>/log.jsonl -> experiments/logs/<name>/<run>/
 LRS = [3e-4, 1e-3, 3e-3, 1e-2]            # phase 1 grid: 1.5 decades, half-decade steps
 GRID = [1e-5, 3e-5, 1e-4] + LRS + [3e-2, 1e-1, 3e-1]  # where a variant's best is at an edge, the grid grows that way
 SEEDS = [1337, 42, 2024]
@@ -75,7 +75,7 @@ ITERS = {"char": 400, "bpe": 400}         # the quick start's 400 iterations on 
 
 
 def log_dir(out_dir):
-    """Where a finished run's log and facts are committed: out-sweep/char/x/y -> docs/logs/sweep/char/x/y.
+    """Where a finished run's log and facts are committed: out-sweep/char/x/y -> experiments/logs/sweep/char/x/y.
     Runs outside an out-<name> folder of the repository (a user's --out elsewhere) keep them in out_dir."""
     parts = os.path.normpath(out_dir).split(os.sep, 1)
     if os.path.isabs(out_dir) or len(parts) < 2 or not parts[0].startswith("out-"):
@@ -101,7 +101,7 @@ def run_dir(testbed, variant, lr, seed, extra=""):
 
 
 def facts(out_dir):
-    """The committed facts of a finished run (docs/logs/.../run.json), or None."""
+    """The committed facts of a finished run (experiments/logs/.../run.json), or None."""
     path = os.path.join(ROOT, log_dir(out_dir), "run.json")
     if not os.path.exists(path):
         return None
@@ -109,7 +109,7 @@ def facts(out_dir):
         with open(path) as f:
             return json.load(f)
     except (OSError, ValueError) as e:   # a truncated or hand-edited file: name it, not a traceback
-        from common import fail
+        from hrmlm.common import fail
         fail(f"{os.path.relpath(path, ROOT)} cannot be read ({e}); restore it (git checkout -- {os.path.relpath(path, ROOT)})"
              f" or delete it to run that run again", prog=os.path.basename(sys.argv[0]))
 
@@ -121,7 +121,7 @@ def finished(out_dir):
 
 def run_log(out_dir):
     """The committed log of a finished run: a list of rows, one per logged iteration."""
-    from plot import load_log
+    from tools.plot import load_log
     return load_log(os.path.join(ROOT, log_dir(out_dir)))
 
 
@@ -137,7 +137,7 @@ def final_val(out_dir):
 def model_facts(out_dir):
     """Stored parameters and counted training FLOPs per token, from the run's checkpoint."""
     import torch
-    from flops import counted_train_flops
+    from hrmlm.flops import counted_train_flops
     from model import ModelConfig, build_model
     path = os.path.join(out_dir, "ckpt_last.pt")
     if not os.path.exists(path):
@@ -153,10 +153,10 @@ def model_facts(out_dir):
 
 def store(out_dir, cmd, returncode):
     """Commit-ready copy of a finished run: its log.jsonl and run.json (command, outcome, final val, size,
-    FLOPs) under docs/logs/, written last and atomically, so a run counts as finished only once both exist."""
+    FLOPs) under experiments/logs/, written last and atomically, so a run counts as finished only once both exist."""
     dst = os.path.join(ROOT, log_dir(out_dir))
     os.makedirs(dst, exist_ok=True)
-    from plot import load_log
+    from tools.plot import load_log
     rows = load_log(out_dir) if os.path.exists(os.path.join(out_dir, "log.jsonl")) else []
     if rows and os.path.abspath(dst) != os.path.abspath(out_dir):
         shutil.copyfile(os.path.join(out_dir, "log.jsonl"), os.path.join(dst, "log.jsonl"))
@@ -165,7 +165,7 @@ def store(out_dir, cmd, returncode):
     info = {"command": " ".join(["python"] + [a for a in cmd[1:] if not a.startswith(("--overwrite", "--init_from"))]),
             "diverged": returncode == 3, "final_val": last[-1]["val_loss"] if last else None,
             "ms_per_iter_median": sorted(ms)[len(ms) // 2] if ms else None, **model_facts(out_dir)}
-    from common import atomic_write
+    from hrmlm.common import atomic_write
     with atomic_write(os.path.join(dst, "run.json")) as f:
         json.dump(info, f, indent=1)
 
@@ -293,7 +293,7 @@ def run_all(jobs, workers, rerun=False):
         for s, h in old.items():
             signal.signal(s, h)
     if stop:
-        from common import SIGNALLED, fail
+        from hrmlm.common import SIGNALLED, fail
         fail(f"interrupted by {signal.Signals(stop[0]).name}; run the same command to resume", SIGNALLED + stop[0],
              prog=os.path.basename(sys.argv[0]))
     return kept + reproduced
@@ -357,7 +357,7 @@ def kept_rerun(out_dir, cmd):
     path = os.path.join(out_dir, "ckpt_last.pt")
     if not os.path.exists(path) or train_running(out_dir):
         return False
-    from checkpoint import read_info
+    from hrmlm.checkpoint import read_info
     try:
         done = read_info(path)["iter_num"] == max_iters_of(cmd)
     except Exception:   # unreadable (cut off mid-write): rerun it
@@ -369,7 +369,7 @@ def check_rerun(out_dir):
     """A rerun of a committed run must reproduce its log (CPU float32 runs are deterministic); say so, or say
     where it first differs (its checkpoint, and what is read from it, would be the rerun's, not the log's).
     True where it reproduces the log."""
-    from plot import load_log
+    from tools.plot import load_log
     def rows(log):   # every logged number but the wall-clock time
         return {r["iter"]: {k: v for k, v in r.items() if k != "time_s"} for r in log}
     new, old = rows(load_log(out_dir)), rows(run_log(out_dir))
@@ -386,7 +386,7 @@ def require_data(script, datasets):
     """Stop with one line before any run where a dataset (name, prepare.py's argument for it) is missing."""
     for ds, hint in datasets:
         if not all(os.path.exists(os.path.join(ROOT, "data", ds, f)) for f in ("train.bin", "val.bin", "meta.json")):
-            from common import fail   # here, not at the top: --tables needs no torch
+            from hrmlm.common import fail   # here, not at the top: --tables needs no torch
             fail(f"data/{ds} not found; run python prepare.py {hint}".rstrip(), prog=script)
 
 
@@ -515,7 +515,7 @@ def unigrams():
     if not os.path.exists(path):
         if not all(os.path.exists(os.path.join(ROOT, "data", d, "val.bin")) for d in ("shakespeare_char", "shakespeare")):
             return {"char": math.nan, "bpe": math.nan}
-        from data import unigram_ce
+        from hrmlm.data import unigram_ce
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump({"char": unigram_ce(os.path.join(ROOT, "data"), "shakespeare_char"),
@@ -649,7 +649,7 @@ def analysis_path(out_dir):
 
 def analysis(out_dir):
     """The checkpoint readings of a finished run, computed once from the run's checkpoint and committed
-    beside its log (docs/logs/.../analysis.json): for HRM the Slow-module ablation (CE with z_H frozen at
+    beside its log (experiments/logs/.../analysis.json): for HRM the Slow-module ablation (CE with z_H frozen at
     z_H0), z_H's drift from z_H0 and the fusion weights (analyze.py's HLRole A-C); for HRM and UniTF, val CE
     at 0.5x to 4x the trained depth (analyze.py --depth). None where neither exists. They read the model
     after the last iteration (ckpt_last.pt), whose CE the tables report, not the best one (ckpt.pt)."""
@@ -658,7 +658,7 @@ def analysis(out_dir):
         if not os.path.exists(os.path.join(out_dir, "ckpt_last.pt")) or not finished(out_dir):
             return None     # nothing to read, or a run still training (its log is not committed yet)
         import torch
-        from analyze import depth_table, load, slow_module_frozen, step_stats, val_batches, val_ce
+        from tools.analyze import depth_table, load, slow_module_frozen, step_stats, val_batches, val_ce
         torch.set_num_threads(1)
         model, ck = load(out_dir, "ckpt_last.pt", "cpu", ("hrm", "unitf"))
         if ck["iter_num"] != max_iters_of(facts(out_dir)["command"].split()):
@@ -671,7 +671,7 @@ def analysis(out_dir):
                 r["ce_h_frozen"] = val_ce(model, batches, "cpu")
             steps, r["fusion"] = step_stats(model, batches, "cpu")
             r["z_H_drift"] = steps[-1]["z_H_drift"]     # after the last step: what the fusion reads
-        from common import atomic_write
+        from hrmlm.common import atomic_write
         with atomic_write(path) as f:
             json.dump(r, f, indent=1)
     with open(path) as f:
@@ -829,7 +829,7 @@ def save(fig, name):
 
 
 def finish(fig, axes, name):
-    """The two-panel plots' common end (docs/long_run.py, docs/beyond_paper.py): grid, legend, save."""
+    """The two-panel plots' common end (experiments/long_run.py, experiments/beyond_paper.py): grid, legend, save."""
     for a in axes:
         a.grid(True, which="both", linestyle=":", color="0.85")
         a.legend(fontsize=6.5)
@@ -940,7 +940,7 @@ def main():
     args = ap.parse_args()
     args.testbeds = args.testbeds.split(",")
     if not args.tables and not set(args.testbeds) <= {"char", "bpe"}:
-        from common import fail   # here, not at the top: --tables needs no torch
+        from hrmlm.common import fail   # here, not at the top: --tables needs no torch
         fail(f"--testbeds={','.join(args.testbeds)}: choose from char, bpe")
     os.chdir(ROOT)
     if not args.tables:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from common import IO_ERROR, atomic_write, fail
+from hrmlm.common import IO_ERROR, atomic_write, fail
 from model import MODEL_FIELDS, ModelConfig, build_model
 
 CKPT_BEST, CKPT_LAST, CKPT_LAST_DCP, LOG, LOCK = "ckpt.pt", "ckpt_last.pt", "ckpt_last.dcp", "log.jsonl", ".lock"
@@ -483,7 +483,7 @@ class Run:
         """ckpt.pt (the best model, for sampling) holds the weights and settings; ckpt_last.pt (for resume) also
         the AdamW state and the counters: one file the master writes atomically, or under FSDP ckpt_last.dcp, the
         shards every rank writes at once. Every rank calls it (FSDP gathers ckpt.pt's weights to the master)."""
-        import parallel
+        from hrmlm import parallel
         c, master, fsdp = self.config, self.ranks.master, self.config["fsdp"]
         info = {"model_args": self.model_args, "config": c, "iter_num": self.iter_num,
                 "best_val_loss": self.best_val_loss, "best_iter": self.best_iter, "meta": self.meta}
@@ -510,7 +510,7 @@ class Run:
         """The rest of the start once the model and optimizer exist: the checkpoint's AdamW state (a sharded one's
         weights too) and, to resume, its counters, dropping what a killed run logged after it; wandb. Stops every
         rank on any error (`errors`: load_weights', one line each), else prints the notes (on the master)."""
-        import parallel
+        from hrmlm import parallel
         c, master = self.config, self.ranks.master
         if self.ckpt is not None and not errors:
             try:
@@ -544,9 +544,9 @@ def start_run(config):
     and exit 0); out_dir's lock; the checkpoint to start from and, to resume, whether it fits these settings.
     Each problem is one line and every rank stops on them together (exit status 2: common.fail); else the Run,
     with its checkpoint loaded (weights not yet applied) and the errors and notes left for Run.restore."""
-    import data
-    import parallel
-    from common import auto_device, auto_dtype, check_device, fail
+    from hrmlm import data
+    from hrmlm import parallel
+    from hrmlm.common import auto_device, auto_dtype, check_device, fail
     from configurator import check_train_settings, train_setting_notes
     c = config
     try:

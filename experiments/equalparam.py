@@ -3,12 +3,12 @@ EqualParam in miniature at the paper's headline settings (docs/RESULTS.md, "Head
 lead over a Transformer of equal stored parameters appear at NT = 8 and 12, where the paper's is largest, and
 does it depend on M or on width? Post-norm, the character testbed, 2000 iterations of 8 x 128 characters.
 
-    python docs/equalparam.py                # the runs still missing (two at a time, one thread each), the
+    python experiments/equalparam.py                # the runs still missing (two at a time, one thread each), the
                                              # checkpoint readings still missing, then the tables
-    python docs/equalparam.py --workers=1    # one at a time; a second copy started later shares the work
+    python experiments/equalparam.py --workers=1    # one at a time; a second copy started later shares the work
                                              # (runners claim runs with a lock), so a free core joins in
-    python docs/equalparam.py --dry-run      # the train.py commands still to run (at this phase); run nothing
-    python docs/equalparam.py --tables       # tables only, from the committed logs (docs/logs/equalparam/)
+    python experiments/equalparam.py --dry-run      # the train.py commands still to run (at this phase); run nothing
+    python experiments/equalparam.py --tables       # tables only, from the committed logs (experiments/logs/equalparam/)
 
 Arms (K = 2 and clip grad_clip * K / M throughout, train.py's defaults for HRM):
   d=128 (about 1.0M parameters): Transformer L=4; HRM NT=4 (N=2, T=2), NT=8 (N=2, T=4), NT=12 (N=4, T=3).
@@ -16,14 +16,14 @@ Arms (K = 2 and clip grad_clip * K / M throughout, train.py's defaults for HRM):
   the flat curve's lower points. Heads are 32 wide at every width. Every run: warmup 10% (200 iterations),
   cosine to lr/10, an evaluation every 100 iterations.
 Phases:
-  A. seed 1337 at 3 learning rates a factor 2 apart, centred on the committed 400-iteration best (docs/sweep.py;
+  A. seed 1337 at 3 learning rates a factor 2 apart, centred on the committed 400-iteration best (experiments/sweep.py;
      half of it at d=256), grown a factor 2 at a time until each arm's best is bracketed;
   B. the best with seeds 42 and 2024 (paired by seed across arms);
   C. the runner-up with seeds 42 and 2024 where its seed-1337 CE is within one seed sd of the best's;
      the chosen lr is then the lower 3-seed mean (until then the tables show the best, marked provisional);
   D. a control for NT=12: the paper's HRM warmup rule, max(1000, N*T*100) of 10000 iterations, scaled to 2000
      (240 iterations), at NT=12's chosen lr, 3 seeds.
-Readings (no training): the H-frozen cost and depth at inference (docs/sweep.py's analysis) are read from
+Readings (no training): the H-frozen cost and depth at inference (experiments/sweep.py's analysis) are read from
 each finished HRM run's last checkpoint and committed beside its log. Checkpoints are not committed: where a
 chosen run's reading is missing, that run is trained again (deterministic on CPU, checked against its log).
 """
@@ -246,7 +246,7 @@ def run(workers):
         if {d for d, _ in left} == {d for d, _ in todo}:       # nothing finished this round
             held = [d for d, _ in left if os.path.isdir(d) and busy(d)]
             if not held:
-                from common import fail
+                from hrmlm.common import fail
                 fail(f"{len(left)} runs did not finish (see each out_dir's train.out), first: {left[0][0]}",
                      code=1, prog="equalparam.py")
             print(f"waiting for {len(held)} runs another runner holds", flush=True)

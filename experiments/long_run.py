@@ -1,19 +1,19 @@
 """
 The long run (docs/RESULTS.md): does the character testbed's ordering hold with 10x the training? Every run
-of docs/sweep.py stops at 400 iterations (410k characters) with its curve still falling; these run 4000
+of experiments/sweep.py stops at 400 iterations (410k characters) with its curve still falling; these run 4000
 iterations of the same 8 x 128 batches (4.1M characters) for the six main variants: HRM post- and pre-norm,
 the Transformer post- and pre-norm, UniTF post-norm and UniTF with full backprop.
 
-    python docs/sweep.py                 # first: the 400-iteration learning rates this starts from
-    python docs/long_run.py              # the runs still missing (two at a time, one thread each), the
+    python experiments/sweep.py                 # first: the 400-iteration learning rates this starts from
+    python experiments/long_run.py              # the runs still missing (two at a time, one thread each), the
                                          # checkpoint readings still missing, then the tables
-    python docs/long_run.py --dry-run    # list the train.py commands still to run; run nothing
-    python docs/long_run.py --tables     # tables and plot only, from the committed logs (docs/logs/long/)
+    python experiments/long_run.py --dry-run    # list the train.py commands still to run; run nothing
+    python experiments/long_run.py --tables     # tables and plot only, from the committed logs (experiments/logs/long/)
 
 Phase A: each variant at its best 400-iteration learning rate and one grid step lower (a longer run often
 prefers a lower one), seed 1337. Phase B: the better of the two with seeds 42 and 2024. Everything else is
 sweep.py's schedule scaled to 4000 iterations: 400 warmup iterations, cosine decay to lr/10, an evaluation
-every 200. A run cut off resumes from its last checkpoint; a finished run's log is copied to docs/logs/long/.
+every 200. A run cut off resumes from its last checkpoint; a finished run's log is copied to experiments/logs/long/.
 Readings: post-norm HRM and UniTF's chosen runs are read like section 5's (depth at inference, the Slow
 module) and the readings committed beside their logs (analysis.json). Checkpoints are not committed, so where
 a reading is missing its run is trained again (deterministic on CPU; each rerun is checked against its log).
@@ -293,8 +293,8 @@ def main():
         sweep.require_data("long_run.py", [("shakespeare_char", "--dataset=shakespeare_char")])
         missing = [v for v in VARIANTS if candidates(v) is None]
         if missing:
-            from common import fail   # here, not at the top: --tables needs no torch
-            fail(f"no settled 400-iteration learning rate yet for {', '.join(missing)}; run python docs/sweep.py first")
+            from hrmlm.common import fail   # here, not at the top: --tables needs no torch
+            fail(f"no settled 400-iteration learning rate yet for {', '.join(missing)}; run python experiments/sweep.py first")
         sweep.run_all(phase_a(), args.workers)
         sweep.run_all(phase_b(), args.workers)
         read_checkpoints(args.workers)

@@ -2,8 +2,8 @@
 Will it fit? The per-GPU memory of one training iteration of a train.py config, computed on any machine
 without allocating it, before anyone spends GPU hours:
 
-    python plan.py config/equalparam_nt12.py config/tfbaseline_tf_l12.py --gpu_mem_gb=80
-    python plan.py config/equalparam_nt12.py --gpu_mem_gb=96 --world_size=8
+    python tools/plan.py config/equalparam_nt12.py config/tfbaseline_tf_l12.py --gpu_mem_gb=80
+    python tools/plan.py config/equalparam_nt12.py --gpu_mem_gb=96 --world_size=8
 
 For each config, at its own sizes (train.py's defaults plus the file, as train.py reads them; the world size
 is the paper's 6 GPUs unless --world_size says otherwise), it prints per GPU:
@@ -37,7 +37,11 @@ torch.compile's buffers. tests/test_plan.py checks the method against one real f
 import argparse
 import math
 import os
+import sys
 import weakref
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repo root: train.py, model.py, hrmlm/
+sys.path.insert(0, ROOT)
 
 import torch
 import torch.nn.functional as F
@@ -45,13 +49,12 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from common import HelpFormatter, fail
+from hrmlm.common import HelpFormatter, fail
 from configurator import ConfigError, apply_config, model_config, read_settings
-from data import load_meta, meta_path
+from hrmlm.data import load_meta, meta_path
 from model import build_model
-from parallel import shard_units
+from hrmlm.parallel import shard_units
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 GB = 1e9
 
 

@@ -1,6 +1,6 @@
 """
 The reader of the datasets prepare.py writes, which every script imports (train.py, sample.py, analyze.py,
-plot.py, plan.py, docs/sweep.py): a dataset's meta.json (load_meta), its files checked against it before any
+plot.py, plan.py, experiments/sweep.py): a dataset's meta.json (load_meta), its files checked against it before any
 work (check_dataset), its splits opened (open_dataset) and batched (get_batch), its tokenizer (get_codec), and
 the unigram reference CE (unigram_ce). A module, not a command: errors are a ValueError (or OSError) with one
 line, and the command that called it stops through common.fail.

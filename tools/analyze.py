@@ -1,7 +1,7 @@
 """
 The paper's HLRole analyses on a trained HRM checkpoint and real validation text.
 
-    python analyze.py --out_dir=out-shakespeare-hrm [--json=hlrole.json] [--batches=8]
+    python tools/analyze.py --out_dir=out-shakespeare-hrm [--json=hlrole.json] [--batches=8]
 
 (A) Slow-module ablation (Table "HLRole(A)"): val CE normally, and with the Slow module frozen at
     z_H0 for the whole forward (H_net's update replaced by the identity), and the difference.
@@ -14,7 +14,7 @@ The statistics also say how far z_H moved from its prototype z_H0: ||z_H - z_H0|
     the shared blocks off (alpha = 0, gates kept: each update keeps only g * z), the Fast block, the Slow block
     and both. alpha near 0 and a cost near 0: the model computes with its input block and fusion alone.
 
-    python analyze.py --out_dir=out-char-hrm --depth=0.5,1,2,4 [--json=depth.json]
+    python tools/analyze.py --out_dir=out-char-hrm --depth=0.5,1,2,4 [--json=depth.json]
 
 --depth: depth at inference, for an HRM or a UniTF (not in the paper; recurrent models promise more depth at
 test time than they were trained with). The same weights evaluated with each multiple of the trained depth:
@@ -25,18 +25,21 @@ with M' = f M steps; val CE for each.
 import argparse
 import json
 import os
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import replace
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root: model.py, hrmlm/
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-import engine
-from checkpoint import CKPT_BEST, load_checkpoint, model_from_checkpoint
-from common import HelpFormatter, check_device, fail
-from data import check_dataset
+from hrmlm import engine
+from hrmlm.checkpoint import CKPT_BEST, load_checkpoint, model_from_checkpoint
+from hrmlm.common import HelpFormatter, check_device, fail
+from hrmlm.data import check_dataset
 from model import build_model
 
 

@@ -2,7 +2,7 @@
 Learning curves (val CE against iteration) from train.py's out_dir/log.jsonl files, one line per run,
 in the style of the paper's figures.
 
-    python plot.py out-hrm out-tf out-unitf [--out=curves.png] [--title=...] [--labels=HRM,T-L4,UniTF]
+    python tools/plot.py out-hrm out-tf out-unitf [--out=curves.png] [--title=...] [--labels=HRM,T-L4,UniTF]
 
 The chart goes beside the runs (out-hrm/curves.png) unless --out says otherwise. The y axis is
 logarithmic, so iteration 0 (about ln V) stays on it, and a dotted line marks the unigram CE of each
@@ -14,8 +14,9 @@ import math
 import os
 import sys
 
-from checkpoint import CKPT_BEST, LOG, read_info, read_log, resume_path
-from common import HelpFormatter, check_output_path, fail
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root: model.py, hrmlm/
+from hrmlm.checkpoint import CKPT_BEST, LOG, read_info, read_log, resume_path
+from hrmlm.common import HelpFormatter, check_output_path, fail
 
 
 def load_log(out_dir):
@@ -51,7 +52,7 @@ def finite(v):
 def unigram_of(out_dir):
     """(dataset name, unigram CE) of the dataset a run trained on (from its checkpoint's config), or None."""
     try:
-        from data import unigram_ce
+        from hrmlm.data import unigram_ce
         best = os.path.join(out_dir, CKPT_BEST)
         cfg = read_info(best if os.path.exists(best) else resume_path(out_dir))["config"]
         if os.path.getsize(os.path.join(cfg["data_dir"], cfg["dataset"], "train.bin")) > 1 << 30:

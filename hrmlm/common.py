@@ -37,7 +37,7 @@ def fail(msg, code=BAD_INPUT, prog=None, show=True, now=False):
     prog: the script being run (default: the calling file's name, train.py, plot.py, ...); show=False stops
     without a line (a torchrun rank other than 0, which prints for all); now=True leaves at once (os._exit),
     past anything that could block on a collective (a failed write: torchrun stops the other ranks).
-    Called from a module another program imported (a test, docs/sweep.py), nothing is printed: the caller
+    Called from a module another program imported (a test, experiments/sweep.py), nothing is printed: the caller
     gets a SystemExit whose str() is the line, to handle or let through (then Python prints it)."""
     prog = prog or os.path.basename(sys._getframe(1).f_code.co_filename)
     line = "\n".join(f"{prog}: error: {m}" for m in ([msg] if isinstance(msg, str) else msg))

@@ -1,8 +1,8 @@
 """
 Peak host memory per rank of an FSDP run's checkpoint save and resume, on the CPU with gloo (docs/MEMORY.md):
 
-    python docs/ckpt_memory.py                       # this checkout
-    python docs/ckpt_memory.py --code=/path/to/other/checkout --label=before
+    python experiments/ckpt_memory.py                       # this checkout
+    python experiments/ckpt_memory.py --code=/path/to/other/checkout --label=before
 
 Two train.py runs on 2 ranks of a ~140M-parameter HRM (d=1536) on the character data (python prepare.py
 --dataset=shakespeare_char): "save" trains 1 iteration and saves (ckpt.pt and the resume state), "resume"
@@ -67,7 +67,7 @@ def main():
             p = subprocess.run(cmd, cwd=args.code, env=env, capture_output=True, text=True)
             if p.returncode:   # stop with the run's own exit status (a signal n: 128 + n)
                 sys.path.insert(0, HERE)
-                from common import SIGNALLED, fail
+                from hrmlm.common import SIGNALLED, fail
                 fail(f"{phase} failed:\n{p.stderr[-3000:]}",
                      code=p.returncode if p.returncode > 0 else SIGNALLED - p.returncode)
             if phase == "save":

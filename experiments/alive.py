@@ -3,14 +3,14 @@ Is HRM's recurrence alive in the runs we compare? (docs/RESULTS.md section 10.) 
 best on the character testbed, AdamW moves a scalar up to ~lr a step, and HRM's learned injection scales alpha_L,
 alpha_H (initialised at 0.1) can collapse to ~0: the shared blocks then add nothing and the model is its input
 block and output fusion. This runner measures it and tries remedies (off by default; the paper's setting stays
-train.py's default), at section 9's headline arms and schedule (docs/equalparam.py: post-norm, 2000 iterations of
+train.py's default), at section 9's headline arms and schedule (experiments/equalparam.py: post-norm, 2000 iterations of
 8 x 128 characters, warmup 200, cosine to lr/10, K = 2).
 
-    python docs/alive.py               # the runs still missing (two at a time, one thread each), their
+    python experiments/alive.py               # the runs still missing (two at a time, one thread each), their
                                        # readings, then the tables
-    python docs/alive.py --workers=1   # one at a time; a second copy started later shares the work
-    python docs/alive.py --dry-run     # the train.py commands still to run (at this phase); run nothing
-    python docs/alive.py --tables      # tables only, from the committed logs (docs/logs/alive/, equalparam/)
+    python experiments/alive.py --workers=1   # one at a time; a second copy started later shares the work
+    python experiments/alive.py --dry-run     # the train.py commands still to run (at this phase); run nothing
+    python experiments/alive.py --tables      # tables only, from the committed logs (experiments/logs/alive/, equalparam/)
 
 Remedies:
   paper      alpha learned at the global lr (the paper, section 9's runs)
@@ -52,6 +52,7 @@ HRM_ARMS = ("hrm-nt8", "hrm-nt4", "hrm-nt12", "hrm-nt8-d256")
 TF_OF = {"hrm-nt4": "tf-d128", "hrm-nt8": "tf-d128", "hrm-nt12": "tf-d128", "hrm-nt8-d256": "tf-d256"}
 TF_ARMS = ("tf-d128", "tf-d256")
 REACH = 4                        # the lr grid grows at most 2^4 = 16x from the centre either way
+HRM_START = (-2, -3)             # HRM's selection starts at the centre lr / 4 and / 8 (phase_a says why)
 WIDTH = ("hrm-nt8", -3)          # (arm, k): lr 1e-2 * 2^-3 = 1.25e-3, the paper's setting
 
 
@@ -87,7 +88,7 @@ def reading(out_dir):
         if not sweep.finished(out_dir) or not os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
             return None
         import torch
-        from analyze import alive, decode_ce, depth_table, load, slow_module_frozen, step_stats, val_batches, val_ce
+        from tools.analyze import alive, decode_ce, depth_table, load, slow_module_frozen, step_stats, val_batches, val_ce
         torch.set_num_threads(1)
         model, ck = load(out_dir, "ckpt_last.pt", "cpu")
         if ck["iter_num"] != sweep.max_iters_of(sweep.facts(out_dir)["command"].split()):
@@ -102,14 +103,14 @@ def reading(out_dir):
         r["gate_L"] = sum(x["gate"] for x in steps) / len(steps)   # the Fast module's mean gate g over the steps
         if int(sweep.seed_of(out_dir)) in SEEDS and "bpe" not in out_dir:   # a test run: decoding's CE by policy too
             r["kv"] = {kv: decode_ce(model, batches, "cpu", kv) for kv in ("full", "last", "fired")}
-        from common import atomic_write
+        from hrmlm.common import atomic_write
         with atomic_write(path) as f:
             json.dump(r, f, indent=1)
     with open(path) as f:
         try:
             return json.load(f)
         except ValueError as e:
-            from common import fail
+            from hrmlm.common import fail
             fail(f"{os.path.relpath(path, sweep.ROOT)} cannot be read ({e}); restore it or delete it to read the run "
                  f"again", prog="alive.py")
 
@@ -132,8 +133,10 @@ def ranked(arm):
 def phase_a(arm):
     """The selection grid's start; then, for each remedy, one lr step outward where its best alive seed-7 run is at
     an edge of what was tried, or one step below the lowest lr tried where no run is alive yet (for HRM only
-    alive runs compete: a lower lr keeps alpha from collapsing)."""
-    start = (0, -1) if arm in HRM_ARMS else (0, -1, 1)
+    alive runs compete: a lower lr keeps alpha from collapsing). HRM starts at a quarter and an eighth of the
+    centre: NT=8 at d=128, which started at the centre and half of it, was switched off there under every remedy
+    (experiments/logs/alive/hrm-nt8-*/lr1e-2, lr5e-3) and alive from a quarter down; the growth rule still brackets."""
+    start = HRM_START if arm in HRM_ARMS else (0, -1, 1)
     rems = REMEDIES if arm in HRM_ARMS else ["paper"]
     jobs = [job(arm, r, k, SELECT[0]) for k in start for r in rems] + [job(arm, r, k, SELECT[0]) for r, k in tried(arm)]
     for r in rems:
@@ -201,7 +204,7 @@ BPE_ITERS = 2000
 
 
 def phase_bpe():
-    """Each at its best 400-iteration lr (docs/sweep.py), for 2000 iterations, seed 1337: does the post-norm
+    """Each at its best 400-iteration lr (experiments/sweep.py), for 2000 iterations, seed 1337: does the post-norm
     Transformer's 'stall' at the unigram line (section 4) end with 5x the training?"""
     return [sweep.command("bpe", v, sweep.best_lr("bpe", v), SEEDS[0], iters=BPE_ITERS, out=OUT) for v in BPE
             if sweep.best_lr("bpe", v) is not None]
@@ -254,7 +257,7 @@ def run(workers):
         if {d for d, _ in left} == {d for d, _ in todo}:
             held = [d for d, _ in left if os.path.isdir(d) and ep.busy(d)]
             if not held:
-                from common import fail
+                from hrmlm.common import fail
                 fail(f"{len(left)} runs did not finish (see each out_dir's train.out), first: {left[0][0]}",
                      code=1, prog="alive.py")
             import time

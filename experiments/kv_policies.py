@@ -2,7 +2,7 @@
 KV cache policies measured (docs/MODEL.md section 5): what sharing cache slots across a recurrence's steps
 costs in quality, against what it saves in memory, on the character testbed's trained models. For HRM post-
 and pre-norm, UniTF post-norm and UniTF with full backprop, at their chosen learning rates after 400
-iterations (docs/sweep.py) and 4000 (docs/long_run.py), and UniTF pre-norm after 400, 3 seeds each, it reads every policy of the model
+iterations (experiments/sweep.py) and 4000 (experiments/long_run.py), and UniTF pre-norm after 400, 3 seeds each, it reads every policy of the model
 (HRM: full, last, fired; UniTF: full, last) with analyze.py's kv_table on 64 validation sequences of 128
 characters: token-by-token decoding's val CE, greedy agreement with exact decoding over 200 tokens, KV bytes
 per token, cached tok/s (one thread). Where a policy loses quality (UniTF under `last`) it tries Huginn's remedy:
@@ -10,11 +10,11 @@ UniTF post-norm trained anew through that cache (train.py --train_kv=last, token
 same lr and seeds, and at 3x and 10x the lr on one seed), its decoding under `last` paired with the standard runs'
 exact decoding; and UniTF pre-norm likewise (read at 400 iterations only), as post-norm's remedy stalls.
 
-    python docs/sweep.py && python docs/long_run.py   # first: the runs this reads
-    python docs/kv_policies.py            # rerun the runs whose readings are missing, read them, the table
-    python docs/kv_policies.py --dry-run  # list the train.py commands it would rerun; run nothing
-    python docs/kv_policies.py --tables   # the table only, from the committed readings
-    python docs/kv_policies.py --speed    # time each variant's cached decoding alone; its tok/s go to the table
+    python experiments/sweep.py && python experiments/long_run.py   # first: the runs this reads
+    python experiments/kv_policies.py            # rerun the runs whose readings are missing, read them, the table
+    python experiments/kv_policies.py --dry-run  # list the train.py commands it would rerun; run nothing
+    python experiments/kv_policies.py --tables   # the table only, from the committed readings
+    python experiments/kv_policies.py --speed    # time each variant's cached decoding alone; its tok/s go to the table
 
 The table's cached tok/s come from --speed, not from the readings: a reading times its decoding wherever it
 runs, often beside other runs, while --speed times every variant and policy in one process, one thread, in turns
@@ -87,7 +87,7 @@ def reading(out_dir):
 def read(out_dir):
     """Read every policy of the run's last checkpoint and commit it beside the log (written last, atomically)."""
     import torch
-    from analyze import kv_table, load, val_batches
+    from tools.analyze import kv_table, load, val_batches
     torch.set_num_threads(1)
     model, ck = load(out_dir, "ckpt_last.pt", "cpu", ("hrm", "unitf"))
     if ck["iter_num"] != sweep.max_iters_of(sweep.facts(out_dir)["command"].split()):
@@ -95,12 +95,12 @@ def read(out_dir):
     batches = val_batches(ck, os.path.join(sweep.ROOT, "data"), 16, 4, model.config.block_size)
     rows = kv_table(model, batches, "cpu", POLICIES[model.config.arch])
     path = kv_path(out_dir)
-    from common import atomic_write
+    from hrmlm.common import atomic_write
     with atomic_write(path) as f:
         json.dump({"iter": ck["iter_num"], "rows": rows}, f, indent=1)
 
 
-SPEED = os.path.join(sweep.ROOT, "docs", "logs", "kv_speed.json")
+SPEED = os.path.join(sweep.ROOT, "experiments", "logs", "kv_speed.json")
 
 
 def speed(reps=5, tokens=None, prompt=16):
@@ -116,7 +116,7 @@ def speed(reps=5, tokens=None, prompt=16):
         rows, tokens = timings(reps, tokens, prompt)
     finally:   # as it was: a caller's (a test's) later work keeps its threads
         torch.set_num_threads(threads)
-    from common import atomic_write
+    from hrmlm.common import atomic_write
     with atomic_write(SPEED) as f:
         json.dump({"threads": 1, "reps": reps, "tokens": tokens, "prompt": prompt, "tok_s": rows}, f, indent=1)
 
@@ -125,10 +125,10 @@ def timings(reps, tokens, prompt):
     import statistics
     import time
     import torch
-    import engine
+    from hrmlm import engine
     from configurator import model_config
     from model import build_model
-    from plan import train_settings
+    from tools.plan import train_settings
     models = {}
     for v in VARIANTS:
         _, cmd = jobs_of(v, 400)[0]
@@ -198,7 +198,7 @@ def table():
                 lines.append(f"| {v} | {n} | {kv} | {k} | {m:.4f} ± {sd:.4f} | {diff} | {agree:.3f} | "
                              f"{next(iter(by.values()))[kv]['kv_bytes_per_token']} | {tok_s} |")
     if len(lines) == 3:
-        lines.append("| (no readings yet: run python docs/kv_policies.py) | | | | | | | | |")
+        lines.append("| (no readings yet: run python experiments/kv_policies.py) | | | | | | | | |")
     return "\n".join(lines) + "\n" + remedy_line()
 
 
@@ -224,7 +224,7 @@ def remedy_line():
 def main():
     ap = sweep.runner_parser(__doc__, "print the table only, from the committed readings")
     ap.add_argument("--speed", action="store_true", help="time each variant's cached decoding (one thread; leave "
-                    "the machine to it), write docs/logs/kv_speed.json and print the table; train and read nothing")
+                    "the machine to it), write experiments/logs/kv_speed.json and print the table; train and read nothing")
     args = ap.parse_args()
     os.chdir(sweep.ROOT)
     if args.speed and (args.tables or args.dry_run):

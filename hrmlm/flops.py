@@ -9,7 +9,7 @@ train_flops is the paper's simpler model, S (M + 2K) C, kept beside it for compa
 
 import torch
 
-from common import timed
+from hrmlm.common import timed
 from model import build_model, fast_attn_schedule
 
 # datasheet dense bf16 peaks, TFLOP/s, the same for fp16 on these parts (MFU is measured against the device's own

@@ -2,12 +2,12 @@
 Beyond the paper (docs/RESULTS.md): the paper's own future work for its "gradient coverage bottleneck"
 and its KV cache, run on the character testbed at matched budget. One command runs what is missing,
 skipping finished runs (so it resumes after a stop), then prints the table and draws the plot from the
-committed logs (docs/logs/beyond/: each finished run's log.jsonl, run.json and measure.json):
+committed logs (experiments/logs/beyond/: each finished run's log.jsonl, run.json and measure.json):
 
     python prepare.py --dataset=shakespeare_char
-    python docs/beyond_paper.py              # all runs (19 x 300 iterations, 2 at a time; ~40 min), then the table
-    python docs/beyond_paper.py --dry-run    # list the train.py commands still to run; run nothing
-    python docs/beyond_paper.py --tables     # the table and plot only, from the committed logs alone
+    python experiments/beyond_paper.py              # all runs (19 x 300 iterations, 2 at a time; ~40 min), then the table
+    python experiments/beyond_paper.py --dry-run    # list the train.py commands still to run; run nothing
+    python experiments/beyond_paper.py --tables     # the table and plot only, from the committed logs alone
 
 Every run is config/char_hrm.py (d=128, lr 3e-3, batch 8 x 128 characters) for 300 iterations with N=4,
 T=2: M = 8 instead of the config's 4, so that a pass has 4 Slow firings for hierarchical BPTT to chain
@@ -62,7 +62,7 @@ def run_dir(out, variant, seed):
     return os.path.join(out, variant, f"s{seed}")
 
 
-finished, final_val = sweep.finished, sweep.final_val   # from the committed logs (docs/logs/beyond/)
+finished, final_val = sweep.finished, sweep.final_val   # from the committed logs (experiments/logs/beyond/)
 
 
 def command(args, variant, seed):
@@ -80,9 +80,9 @@ def measure_worker(out_dir):
     """In a fresh process: one training iteration of the run's model (from its checkpoint's arguments, random
     weights: memory does not depend on them) at its batch shape; the peak it adds, as bench.py measures."""
     import torch
-    import engine
+    from hrmlm import engine
     from bench import current_mb, peak_mb, reset_peak
-    from common import timed
+    from hrmlm.common import timed
     from model import ModelConfig, build_model
     torch.set_num_threads(1)
     ck = torch.load(os.path.join(out_dir, "ckpt_last.pt"), map_location="cpu", weights_only=True)
@@ -106,7 +106,7 @@ def measure_worker(out_dir):
 
 def measured(out_dir):
     """measure_worker's result, computed once in a separate process from the run's checkpoint and committed
-    beside its log (docs/logs/beyond/<variant>/s<seed>/measure.json); None without either."""
+    beside its log (experiments/logs/beyond/<variant>/s<seed>/measure.json); None without either."""
     path = os.path.join(ROOT, sweep.log_dir(out_dir), "measure.json")
     if not os.path.exists(path):
         if not os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
@@ -206,7 +206,7 @@ def main():
     args.seeds = [int(s) for s in args.seeds.split(",")]
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
-        from common import fail   # here, not at the top: --tables needs no torch
+        from hrmlm.common import fail   # here, not at the top: --tables needs no torch
         fail(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
     # seed-major, so every variant has a run early; full-ckpt has full's gradients (tested), so one seed
     # shows its time and memory, and the quality column is full's
@@ -216,7 +216,7 @@ def main():
         return
     if not args.tables:
         if not os.path.exists(os.path.join(args.data_dir, "shakespeare_char", "val.bin")):
-            from common import fail
+            from hrmlm.common import fail
             fail(f"{args.data_dir}/shakespeare_char not found; run python prepare.py --dataset=shakespeare_char")
         sweep.run_all(jobs, args.workers)
     tables(args)

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from checkpoint import canonical, check_optimizer_fits, load_sharded, one_line
-from common import BAD_INPUT, SIGNALLED, fail
+from hrmlm.checkpoint import canonical, check_optimizer_fits, load_sharded, one_line
+from hrmlm.common import BAD_INPUT, SIGNALLED, fail
 from model import HRM, Transformer
 
 
