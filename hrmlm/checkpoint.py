@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hrmlm.common import IO_ERROR, atomic_write, fail
+from hrmlm import parallel
+from hrmlm.common import IO_ERROR, atomic_write, fail, one_line
+from hrmlm.parallel import canonical
 from model import MODEL_FIELDS, ModelConfig, build_model
 
 CKPT_BEST, CKPT_LAST, CKPT_LAST_DCP, LOG, LOCK = "ckpt.pt", "ckpt_last.pt", "ckpt_last.dcp", "log.jsonl", ".lock"
@@ -207,13 +209,6 @@ def load_checkpoint(path):
     return ckpt
 
 
-def one_line(e, limit=300):
-    """An exception as one line: its type, and its message with the lines joined (torch puts the tensor's
-    name on the second line of a load_state_dict error), cut at `limit` characters."""
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
-
-
 def check_optimizer_fits(optimizer):
     """Raise ValueError where a loaded AdamW moment has another shape than its parameter (torch checks the
     groups' sizes when it loads, not the shapes; a wrong shape would fail later, inside a step)."""
@@ -250,12 +245,6 @@ def model_from_checkpoint(ckpt, path="the checkpoint"):
 
 
 # --- ckpt_last.dcp: an FSDP run's resume state, sharded --------------------------------------------------
-
-def canonical(name):
-    """One process's name for an FSDP parameter or state-dict key ('L_net.parametrizations.alpha.original' is
-    'L_net.alpha'; parallel.fully_shard_model): checkpoints use these names, so every world size reads them."""
-    return name.replace("parametrizations.", "").replace(".original", "")
-
 
 def _as_saved(model_sd, optim_sd):
     """The tensors of a state dict as ckpt_last.dcp keeps them: one process's names, and alpha, tau and their
@@ -355,6 +344,60 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
 
 class ShardError(ValueError):
     """A sharded checkpoint's shard that cannot be read (missing, truncated): load_sharded says so as it is."""
+
+
+# --- single-file state under DDP/FSDP: ckpt.pt's full weights, an old ckpt_last.pt's AdamW state ----------
+
+def _param_order(model, optimizer):
+    """Parameter names in the optimizer's order: the positions of torch's optimizer state dict."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def _rekey(osd, key, scalar_shape):
+    """An optimizer state dict with each parameter key p replaced by key(p) (positions <-> FSDP's names), the
+    AdamW moments of alpha and tau reshaped to scalar_shape ((1,) in an FSDP run, () in checkpoints)."""
+    def moments(name, v):
+        return {k: t.reshape(scalar_shape) if canonical(name) != name and k != "step" else t for k, t in v.items()}
+    return {"state": {key(p): moments(p if isinstance(p, str) else key(p), v) for p, v in osd["state"].items()},
+            "param_groups": [dict(g, params=[key(p) for p in g["params"]]) for g in osd["param_groups"]]}
+
+
+def load_optimizer_state(model, optimizer, osd, fsdp, path):
+    """A single-file checkpoint's optimizer state (torch's positional format) into this run's optimizer; under
+    FSDP positions become parameter names, which set_optimizer_state_dict shards to each rank. ValueError (one
+    line) where it does not fit: other parameter groups, or moments of other shapes."""
+    try:
+        if not fsdp:
+            optimizer.load_state_dict(osd)
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+            order = _param_order(model, optimizer)
+            set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
+                                     optim_state_dict=_rekey(osd, order.__getitem__, (1,)))
+        check_optimizer_fits(optimizer)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{path}: its optimizer state does not fit this model: {one_line(e)}") from None
+
+
+def restore_state(model, optimizer, ckpt, path, resume, fsdp):
+    """What train.py applies once the model and optimizer exist: a sharded checkpoint's weights (and, to resume,
+    its AdamW state and hyperparameters), or a single file's AdamW state (its weights were loaded before
+    sharding), each dropped from ckpt once applied. ValueError (one line) where it does not fit."""
+    if "sharded" in ckpt:
+        load_sharded(path, model, optimizer if resume else None, ckpt.get("param_groups"))
+    elif resume:
+        load_optimizer_state(model, optimizer, ckpt.pop("optimizer"), fsdp, path)
+
+
+def full_weights(model, ranks, fsdp):
+    """The model's weights as one process holds them (ckpt.pt), on the master (None elsewhere). Under FSDP every
+    rank must call this (it gathers the shards, to the master's CPU); names and alpha, tau 0-d as one process's."""
+    if not fsdp:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {canonical(k): v.reshape(()) if canonical(k) != k else v for k, v in sd.items()} if ranks.master else None
 
 
 def check_resume(ckpt, path, model_args, config, meta):
@@ -483,7 +526,6 @@ class Run:
         """ckpt.pt (the best model, for sampling) holds the weights and settings; ckpt_last.pt (for resume) also
         the AdamW state and the counters: one file the master writes atomically, or under FSDP ckpt_last.dcp, the
         shards every rank writes at once. Every rank calls it (FSDP gathers ckpt.pt's weights to the master)."""
-        from hrmlm import parallel
         c, master, fsdp = self.config, self.ranks.master, self.config["fsdp"]
         info = {"model_args": self.model_args, "config": c, "iter_num": self.iter_num,
                 "best_val_loss": self.best_val_loss, "best_iter": self.best_iter, "meta": self.meta}
@@ -492,7 +534,7 @@ class Run:
             info.update(skipped_total=self.skipped_total, eval_pending=self.eval_pending)
             if fsdp:
                 return save_sharded(os.path.join(c["out_dir"], CKPT_LAST_DCP), model, optimizer, info, master)
-        model_sd = parallel.full_weights(model, self.ranks, fsdp) if master or fsdp else None   # FSDP: a collective
+        model_sd = full_weights(model, self.ranks, fsdp) if master or fsdp else None   # FSDP: a collective
         if master:
             save_checkpoint(path, dict(info, model=model_sd, **({"optimizer": optimizer.state_dict()} if last else {})))
 
@@ -510,11 +552,10 @@ class Run:
         """The rest of the start once the model and optimizer exist: the checkpoint's AdamW state (a sharded one's
         weights too) and, to resume, its counters, dropping what a killed run logged after it; wandb. Stops every
         rank on any error (`errors`: load_weights', one line each), else prints the notes (on the master)."""
-        from hrmlm import parallel
         c, master = self.config, self.ranks.master
         if self.ckpt is not None and not errors:
             try:
-                parallel.restore(model, optimizer, self.ckpt, self.source, self.resume, c["fsdp"])
+                restore_state(model, optimizer, self.ckpt, self.source, self.resume, c["fsdp"])
                 if self.resume and master:
                     trim_log(c["out_dir"], self.ckpt["iter_num"])
             except ValueError as e:
@@ -545,7 +586,6 @@ def start_run(config):
     Each problem is one line and every rank stops on them together (exit status 2: common.fail); else the Run,
     with its checkpoint loaded (weights not yet applied) and the errors and notes left for Run.restore."""
     from hrmlm import data
-    from hrmlm import parallel
     from hrmlm.common import auto_device, auto_dtype, check_device, fail
     from configurator import check_train_settings, train_setting_notes
     c = config

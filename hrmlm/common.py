@@ -159,3 +159,10 @@ def atomic_write(path, mode="w"):
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def one_line(e, limit=300):
+    """An exception as one line: its type, and its message with the lines joined (torch puts the tensor's
+    name on the second line of a load_state_dict error), cut at `limit` characters."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"

@@ -1,6 +1,7 @@
 """
 Several processes (torchrun) for train.py: the process group, errors and signals every rank agrees on,
-DDP or FSDP2 around the model, and the state a checkpoint needs (checkpoint.py writes and reads it).
+DDP or FSDP2 around the model and its parameter names. checkpoint.py builds on it; it imports nothing of
+checkpoint.py (tests/test_docs.py checks that hrmlm's imports have no circle).
 
 One process is the case world_size = 1: every function here then does the obvious local thing.
 """
@@ -16,7 +17,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from hrmlm.checkpoint import canonical, check_optimizer_fits, load_sharded, one_line
 from hrmlm.common import BAD_INPUT, SIGNALLED, fail
 from model import HRM, Transformer
 
@@ -165,6 +165,12 @@ class StopSignals:
 
 # --- DDP and FSDP2 ---------------------------------------------------------------------------------------
 
+def canonical(name):
+    """One process's name for an FSDP parameter or state-dict key ('L_net.parametrizations.alpha.original' is
+    'L_net.alpha'; parallel.fully_shard_model): checkpoints use these names, so every world size reads them."""
+    return name.replace("parametrizations.", "").replace(".original", "")
+
+
 def shard_units(model):
     """The modules FSDP shards and gathers one at a time: each block with its own projections; the rest
     (embedding, fusion, norms) is the root unit."""
@@ -239,55 +245,3 @@ def no_sync_unless(model, ranks, fsdp, last):
         model.set_requires_gradient_sync(last)
     elif ranks.ddp:
         model.require_backward_grad_sync = last
-
-
-def _param_order(model, optimizer):
-    """Parameter names in the optimizer's order: the positions of torch's optimizer state dict."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-
-
-def _rekey(osd, key, scalar_shape):
-    """An optimizer state dict with each parameter key p replaced by key(p) (positions <-> FSDP's names), the
-    AdamW moments of alpha and tau reshaped to scalar_shape ((1,) in an FSDP run, () in checkpoints)."""
-    def moments(name, v):
-        return {k: t.reshape(scalar_shape) if canonical(name) != name and k != "step" else t for k, t in v.items()}
-    return {"state": {key(p): moments(p if isinstance(p, str) else key(p), v) for p, v in osd["state"].items()},
-            "param_groups": [dict(g, params=[key(p) for p in g["params"]]) for g in osd["param_groups"]]}
-
-
-def load_optimizer_state(model, optimizer, osd, fsdp, path):
-    """A single-file checkpoint's optimizer state (torch's positional format) into this run's optimizer; under
-    FSDP positions become parameter names, which set_optimizer_state_dict shards to each rank. ValueError (one
-    line) where it does not fit: other parameter groups, or moments of other shapes."""
-    try:
-        if not fsdp:
-            optimizer.load_state_dict(osd)
-        else:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-            order = _param_order(model, optimizer)
-            set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
-                                     optim_state_dict=_rekey(osd, order.__getitem__, (1,)))
-        check_optimizer_fits(optimizer)
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{path}: its optimizer state does not fit this model: {one_line(e)}") from None
-
-
-def restore(model, optimizer, ckpt, path, resume, fsdp):
-    """What train.py applies once the model and optimizer exist: a sharded checkpoint's weights (and, to resume,
-    its AdamW state and hyperparameters), or a single file's AdamW state (its weights were loaded before
-    sharding), each dropped from ckpt once applied. ValueError (one line) where it does not fit."""
-    if "sharded" in ckpt:
-        load_sharded(path, model, optimizer if resume else None, ckpt.get("param_groups"))
-    elif resume:
-        load_optimizer_state(model, optimizer, ckpt.pop("optimizer"), fsdp, path)
-
-
-def full_weights(model, ranks, fsdp):
-    """The model's weights as one process holds them (ckpt.pt), on the master (None elsewhere). Under FSDP every
-    rank must call this (it gathers the shards, to the master's CPU); names and alpha, tau 0-d as one process's."""
-    if not fsdp:
-        return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {canonical(k): v.reshape(()) if canonical(k) != k else v for k, v in sd.items()} if ranks.master else None

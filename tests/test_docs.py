@@ -251,3 +251,40 @@ def test_quick_start_losses_are_the_readmes(all_plays_char, tmp_path):
     quoted = quick_start_losses()
     got = run_quick_start(all_plays_char, str(tmp_path / "qs"), 400)
     assert_close_to_readme(got, quoted, sorted(quoted))
+
+
+# --- the layout README's reading path names -------------------------------------------------------------------
+
+def project_imports(path):
+    """The project modules a file imports, anywhere in it (a function's own imports too), as dotted names."""
+    import ast
+    tree = ast.parse(open(path).read())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    local = {f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")}
+    local |= {f"{d}.{f[:-3]}" for d in ("hrmlm", "tools") for f in os.listdir(os.path.join(ROOT, d)) if f.endswith(".py")}
+    return {n for n in names if n in local and not n.endswith("__init__")}
+
+
+def test_the_root_holds_six_scripts_and_hrmlm_imports_have_no_circle():
+    assert sorted(f for f in os.listdir(ROOT) if f.endswith(".py")) == [
+        "bench.py", "configurator.py", "model.py", "prepare.py", "sample.py", "train.py"]
+    assert project_imports(os.path.join(ROOT, "model.py")) == set()   # the paper alone: torch and the stdlib
+    pkg = {f"hrmlm.{f[:-3]}" for f in os.listdir(os.path.join(ROOT, "hrmlm")) if f.endswith(".py") and f != "__init__.py"}
+    graph = {m: project_imports(os.path.join(ROOT, *m.split(".")) + ".py") & pkg for m in pkg}
+    done, stack = set(), []
+
+    def visit(m):   # depth first: a module met again while on the stack closes a circle
+        assert m not in stack, "import circle: " + " -> ".join(stack[stack.index(m):] + [m])
+        if m not in done:
+            stack.append(m)
+            for n in sorted(graph[m]):
+                visit(n)
+            stack.pop()
+            done.add(m)
+    for m in sorted(pkg):
+        visit(m)
