@@ -29,8 +29,8 @@ def stopped_in_setup(signum, frame):   # until main's Interrupts: nothing is wri
           file=sys.stderr, flush=True)
     os._exit(128 + signum)   # not an exception: one raised inside an import prints a traceback
 if __name__ == "__main__":   # noqa: E305  (before torch's and datasets' imports, which take seconds)
-    signal.signal(signal.SIGINT, stopped_in_setup)
-    signal.signal(signal.SIGTERM, stopped_in_setup)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # common.STOP_SIGNALS, before torch's import
+        signal.signal(s, stopped_in_setup)
 
 import argparse  # noqa: E402
 import codecs  # noqa: E402
@@ -45,7 +45,7 @@ from contextlib import contextmanager  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from hrmlm.common import SIGNALLED, HelpFormatter, fail  # noqa: E402
+from hrmlm.common import SIGNALLED, STOP_SIGNALS, HelpFormatter, fail  # noqa: E402
 from hrmlm.data import check_dataset, get_tokenizer, load_meta  # noqa: E402
 
 OURS = ("train.bin", "val.bin", "meta.json")   # what prepare.py writes into a dataset folder
@@ -469,8 +469,8 @@ def main(argv=None):
         fail(f"unknown dataset {args.dataset!r}: use shakespeare, shakespeare_char, openwebtext, "
              f"or --input=DIR for a local corpus")
     interrupts = Interrupts(out_dir)
-    signal.signal(signal.SIGINT, interrupts)
-    signal.signal(signal.SIGTERM, interrupts)
+    for s in STOP_SIGNALS:
+        signal.signal(s, interrupts)
     try:
         docs = text_files(args.input) if args.input is not None else \
             shakespeare_plays() if args.dataset in ("shakespeare", "shakespeare_char") else None

@@ -16,7 +16,7 @@ import time
 import torch
 
 from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
-from hrmlm.common import DTYPES, SIGNALLED, auto_device, auto_dtype, check_device, fail, precision_context
+from hrmlm.common import DTYPES, SIGNALLED, STOP_SIGNALS, auto_device, auto_dtype, check_device, fail, precision_context
 from configurator import configure
 from hrmlm.data import get_codec, load_meta
 from hrmlm.engine import KV_POLICIES, cache_slots, stream
@@ -116,13 +116,15 @@ x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
 
 
 def on_sigint(signum, frame):
-    """Ctrl-C: noted, then KeyboardInterrupt. Where Python drops that exception (it lands in a finaliser) the note
-    still stops the next token, and the handler is ours even where SIGINT was inherited ignored: never lost."""
-    on_sigint.fired = True
+    """Ctrl-C (or SIGTERM, SIGHUP): noted, then KeyboardInterrupt. Where Python drops that exception (it lands in a
+    finaliser) the note still stops the next token, and the handler is ours even where SIGINT was inherited
+    ignored: never lost."""
+    on_sigint.fired = signum
     raise KeyboardInterrupt
 
 
-signal.signal(signal.SIGINT, on_sigint)
+for s in STOP_SIGNALS:
+    signal.signal(s, on_sigint)
 
 
 def show(ids):
@@ -154,4 +156,5 @@ try:
 except KeyboardInterrupt:   # what was printed stays printed
     sys.stdout.write("\n")
     sys.stdout.flush()
-    fail("interrupted by SIGINT; the text above is what was generated", code=SIGNALLED + signal.SIGINT)
+    signum = getattr(on_sigint, "fired", signal.SIGINT)
+    fail(f"interrupted by {signal.Signals(signum).name}; the text above is what was generated", code=SIGNALLED + signum)

@@ -209,8 +209,7 @@ def workers_arg(text):
 
 
 STOP_LINE = "saving at the end of this iteration"   # what train.py prints the moment a signal reaches it
-STOPPED = {128 + signal.SIGINT: signal.SIGINT, 128 + signal.SIGTERM: signal.SIGTERM,   # train.py saved
-           -signal.SIGINT: signal.SIGINT, -signal.SIGTERM: signal.SIGTERM}             # a second one: quit
+STOPPED = {c: s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) for c in (128 + s, -s)}   # saved, or quit
 
 
 def run_all(jobs, workers, rerun=False):
@@ -238,7 +237,7 @@ def run_all(jobs, workers, rerun=False):
                   f"(send it again to quit them without saving)", flush=True)
         forward(running, signum, again=len(stop) > 1)
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}   # common.STOP_SIGNALS
     try:
         while (todo and not stop) or running:
             while todo and not stop and len(running) < workers:

@@ -12,6 +12,7 @@ it>", and one of these exit statuses (docs/TRAINING.md, "Exit statuses"):
 
 import argparse
 import os
+import signal
 import sys
 from contextlib import contextmanager, nullcontext
 
@@ -19,6 +20,8 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 IO_ERROR, BAD_INPUT, DIVERGED, SIGNALLED = 1, 2, 3, 128   # exit statuses; a signal n exits with 128 + n
+# The signals that ask a script to stop (and train.py to save): Ctrl-C, kill or a scheduler, a closed terminal
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Failure(SystemExit):

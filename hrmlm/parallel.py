@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from hrmlm.common import BAD_INPUT, SIGNALLED, fail
+from hrmlm.common import BAD_INPUT, SIGNALLED, STOP_SIGNALS, fail
 from model import HRM, Transformer
 
 
@@ -112,14 +112,15 @@ def all_mean(values, ranks):
 
 
 class StopSignals:
-    """Ctrl-C (SIGINT) and SIGTERM ask the run to stop at the end of the iteration (and save); a second
+    """Ctrl-C (SIGINT), SIGTERM and SIGHUP (a closed terminal) ask the run to stop at the end of the iteration
+    (and save); a second
     signal quits at once without saving. requested() is true on every rank as soon as any rank got one,
     so that all stop at the same iteration and save together."""
 
     def __init__(self, ranks):
         self.ranks, self.received = ranks, []
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
+        for s in STOP_SIGNALS:
+            signal.signal(s, self._on_signal)
         # A Python handler runs only between bytecodes, so it could not end a process stuck in one long C
         # call (a huge block_size, a hung collective). The OS-level handler also writes each signal's number
         # to a wakeup fd at once; a thread reading it speaks for the first signal and ends on the second.
@@ -135,7 +136,7 @@ class StopSignals:
         seen = 0
         while True:
             for signum in os.read(r, 16):
-                if signum not in (signal.SIGINT, signal.SIGTERM):
+                if signum not in STOP_SIGNALS:
                     continue
                 seen += 1
                 name = signal.Signals(signum).name

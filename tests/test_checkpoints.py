@@ -170,7 +170,7 @@ def test_kill_mid_save_between_log_and_checkpoint(data_dir, tmp_path):
 
 # --- resume: exact after a signal; refused where it cannot be exact; schedule changes allowed with a note ---
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_during_setup_stops_with_one_line(sig, data_dir, tmp_path):
     """A signal before the loop (while torch imports, while the run is set up) ends train.py at once with one
     line and 128 + n, not a KeyboardInterrupt traceback from inside an import; nothing is written."""
@@ -191,8 +191,9 @@ def test_a_signal_during_setup_stops_with_one_line(sig, data_dir, tmp_path):
             assert f"stopped by {signal.Signals(sig).name}" in last, last
 
 
-# SIGTERM slow (CI time): the same handler (parallel.StopSignals) as SIGINT, which CI runs
-@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
+# SIGTERM slow (CI time): the same handler (parallel.StopSignals) as SIGINT, which CI runs; SIGHUP (a closed
+# terminal, an ssh session dropping) once ended the run with 129, no line and nothing saved
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGHUP])
 def test_signal_saves_and_resume_is_exact(sig, data_dir, tmp_path):
     """Stopped by a signal mid-run, resumed: the same losses, learning rates, weights and best val loss as the
     uninterrupted run, to the bit (CPU float32)."""

@@ -386,7 +386,7 @@ def _size(path):
         return 0
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
 def test_prepare_stops_on_a_signal_at_any_moment(data_dir, tmp_path, sig):
     import signal
     from hrmlm.data import check_dataset

@@ -395,8 +395,10 @@ def test_sample_bad_input_is_one_line(ckpt_dir, args, msg):
 
 
 
-def test_sample_streams_and_ctrl_c_keeps_the_text(ckpt_dir):
-    """Text appears while generating (10^7 tokens would take hours), and Ctrl-C keeps it: exit 130, one line."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_sample_streams_and_ctrl_c_keeps_the_text(ckpt_dir, sig):
+    """Text appears while generating (10^7 tokens would take hours), and Ctrl-C keeps it: exit 130, one line; a
+    closed terminal (SIGHUP) too, with 129."""
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "sample.py"), f"--out_dir={ckpt_dir}",
                              "--num_samples=1", "--max_new_tokens=10000000", "--start=ROMEO:"],
                             cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -409,13 +411,13 @@ def test_sample_streams_and_ctrl_c_keeps_the_text(ckpt_dir):
         chunk = os.read(proc.stdout.fileno(), 4096)
         assert chunk, proc.stderr.read().decode()[-2000:]
         got += chunk
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     text = (got + out).decode()
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err
     assert text.startswith("ROMEO:") and len(text) > 40
     lines = [l for l in err.decode().splitlines() if l.strip()]
-    assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err.decode(), err
+    assert len(lines) == 1 and f"interrupted by {signal.Signals(sig).name}" in lines[0] and "Traceback" not in err.decode(), err
 
 
 def test_ctrl_c_stops_sample_even_when_its_parent_ignored_sigint(ckpt_dir):
