@@ -359,6 +359,10 @@ def main(argv=None):
             check_output_path(args.json, "--json")
         except ValueError as e:
             fail(str(e))
+    lacking = [m for m in names if args.kv == "fired" and ROWS[m]["arch"] == "unitf"]
+    if lacking:   # as sample.py refuses it: a UniTF has no Slow firings (Transformers keep the exact cache, as said)
+        fail(f"--kv=fired does not apply to {', '.join(lacking)} (UniTF's policies: full, last); name only HRM and "
+             f"Transformer rows with --models, or use --kv=last")
     p = PRESETS[args.preset]
     if args.preset == "paper" and device == "cpu":
         print("note: --preset=paper is sized for a GPU; on this CPU it will take very long", file=sys.stderr)

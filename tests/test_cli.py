@@ -56,6 +56,8 @@ IN_PROCESS = [
      "does not exist"),
     ("bench_no_cuda", "bench", ["--preset=tiny", "--models=tf_l2", "--device=cuda"], "CUDA is not available"),
     ("bench_static_without_profile", "bench", ["--preset=tiny", "--models=tf_l2", "--static_cache"], "add --profile"),
+    ("bench_kv_a_unitf_lacks", "bench", ["--preset=tiny", "--models=unitf_m12", "--kv=fired"],   # once measured "full"
+     "--kv=fired does not apply to unitf_m12"),
     ("plot_missing_log", "plot", ["{missing}", "--out={tmp}/c.png"], "not found"),
 ]
 
