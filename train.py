@@ -266,6 +266,14 @@ def evaluate(lr, grad_norm, t_start, stop):
     run.save(ckpt_last, raw_model, optimizer)
 
 
+def diverged(why):
+    """Stop with exit status 3, naming the last good checkpoint: a run that diverged never says "done"."""
+    good = (f"{ckpt_best} (iter {run.best_iter}, val loss {run.best_val_loss:.4f})" if run.best_iter is not None
+            and os.path.exists(ckpt_best) else "none (no evaluation beat the initial model)")
+    parallel.end_process_group(ranks)
+    fail(f"{why}; last good checkpoint: {good}", DIVERGED, show=master)
+
+
 # --- training loop: Algorithm 1 (the model's forward is Algorithms 2-3, with the last-K window) ---------
 log(f"{arch}: {raw_model.num_params():,} parameters | {tokens_per_iter:,} tokens/iter "
     f"({gradient_accumulation_steps} x {batch_size} x {block_size}, {world_size} rank(s)) | "
@@ -320,11 +328,8 @@ while True:  # Loop 1
         log(f"iter {run.iter_num}: non-finite loss {train_loss} or grad norm {grad_norm}; step skipped "
             f"({bad_in_row} in a row, {run.skipped_total} in all)")
         if bad_in_row >= max_nonfinite:
-            good = (f"{ckpt_best} (iter {run.best_iter}, val loss {run.best_val_loss:.4f})" if run.best_iter is not None
-                    and os.path.exists(ckpt_best) else "none (no evaluation beat the initial model)")
-            parallel.end_process_group(ranks)
-            fail(f"stopping at iter {run.iter_num}: {bad_in_row} non-finite iterations in a row "
-                 f"(max_nonfinite={max_nonfinite}); last good checkpoint: {good}", DIVERGED, show=master)
+            diverged(f"stopping at iter {run.iter_num}: {bad_in_row} non-finite iterations in a row "
+                     f"(max_nonfinite={max_nonfinite})")
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
 
@@ -338,6 +343,8 @@ while True:  # Loop 1
             f"lr {lr:.3e}, grad norm {grad_norm:.3f}, {dt * 1000:.1f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s, "
             f"MFU {flops_per_iter / dt / peak_flops:.1%} | {fmt_time(elapsed)} elapsed, {fmt_time(left)} left")
 
+if bad_in_row:   # fewer than max_nonfinite iterations were left: the run still did not do what it was asked
+    diverged(f"the last {bad_in_row} iteration(s) up to iter {run.iter_num} were all non-finite (steps skipped)")
 log(f"done: {run.iter_num} iterations, best val loss {run.best_val_loss:.4f}, {time.time() - t_start:.1f} s")
 if run.wandb:
     run.wandb.finish()

@@ -357,6 +357,19 @@ def test_diverged_model_never_becomes_the_best(data_dir, tmp_path):
     assert last["iter_num"] == 2 and not nonfinite_tensors(last["model"])
 
 
+def test_divergence_near_the_end_is_not_done(data_dir, tmp_path):
+    """The same divergence with fewer iterations left than max_nonfinite: every step after the first skipped, the
+    loop reaches max_iters. It once printed "done ... best val loss" (the untrained value) with exit 0; it is
+    exit status 3, naming the last good checkpoint (none here)."""
+    out = str(tmp_path / "run")
+    p = run_train(HRM + ["--max_iters=4", "--eval_interval=2", "--learning_rate=1e6", "--warmup_iters=0",
+                         "--decay_lr=False", "--max_nonfinite=10"], data_dir, out, check=False)
+    assert p.returncode == 3 and "done:" not in p.stdout, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+    assert p.stderr.strip().splitlines()[-1] == ("train.py: error: the last 3 iteration(s) up to iter 4 were all "
+                                                 "non-finite (steps skipped); last good checkpoint: none (no "
+                                                 "evaluation beat the initial model)"), p.stderr
+
+
 # slow (CI time): the diverged-model test above checks the skip, the stop and exit status 3 in CI, on a run
 # with no good checkpoint; only this one stops a run that has one, which the message names, and checks that
 # ckpt_last.pt keeps that last finite model
