@@ -30,6 +30,7 @@ import shutil
 import sys
 import time
 import warnings
+import zlib
 
 from dataclasses import dataclass, field
 
@@ -125,10 +126,12 @@ def read_info(path):
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
-def intact(out_dir):
+def intact(out_dir, damaged=None):
     """What a run can still be resumed or sampled from, for an error line: 'intact: ckpt.pt (iter 200), ...'."""
     held = []
     for path in (os.path.join(out_dir, CKPT_BEST), resume_path(out_dir)):
+        if damaged and os.path.abspath(path) == os.path.abspath(damaged):
+            continue
         try:
             it = read_info(path)["iter_num"]
         except Exception:   # absent or unreadable: not something to resume or sample from
@@ -170,10 +173,51 @@ def finished_run(out_dir, config):
     return f"iter {it}, best val loss {ckpt['best_val_loss']:.4f}" if same and it >= config["max_iters"] else None
 
 
+def checksums(obj, at=""):
+    """CRC-32 of every tensor's bytes in a checkpoint's (nested) entries, by its path ('model/L_net.alpha'):
+    written with every checkpoint, compared when one is read, so a damaged byte is never trusted."""
+    if torch.is_tensor(obj):
+        return {at: zlib.crc32(obj.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    return {k: v for key, val in items for k, v in checksums(val, f"{at}/{key}" if at else str(key)).items()}
+
+
+def file_crc(path):
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def verify(path, ckpt):
+    """ValueError (one line naming the file, what differs and what is still intact) where a checkpoint's tensors, or
+    an FSDP folder's files, differ from the checksums written with it. One without them (older code) passes.
+    A folder's files are shared out over torchrun's ranks (each checks every W-th), one process checks all."""
+    saved = ckpt.get("checksums")
+    if not saved:
+        return
+    if "sharded" in ckpt:
+        import torch.distributed as dist
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        names = sorted(saved)[rank::world]
+        bad = [n if os.path.isfile(os.path.join(path, n)) else f"{n} missing" for n in names
+               if not os.path.isfile(os.path.join(path, n)) or file_crc(os.path.join(path, n)) != saved[n]]
+    else:
+        now = checksums({k: ckpt[k] for k in ("model", "optimizer") if k in ckpt})
+        bad = [k for k in saved if now.get(k) != saved[k]] + [k for k in now if k not in saved]
+    if bad:
+        out_dir = os.path.dirname(os.path.normpath(path))
+        raise ValueError(f"{path} is damaged: {len(bad)} {'file' if 'sharded' in ckpt else 'tensor'}(s) missing or not "
+                         f"as written (checksums: {', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
+                         f"{intact(out_dir, damaged=path)}")
+
+
 def save_checkpoint(path, ckpt):
     """Write ckpt to path atomically: a temporary file beside it, fsync, then os.replace, so a kill mid-save
     leaves the previous file intact. A failed save (a full disk: OSError, or torch's zip writer's
     RuntimeError) removes its temporary and stops the run with one line (stop_on_write_error)."""
+    ckpt = dict(ckpt, checksums=checksums({k: ckpt[k] for k in ("model", "optimizer") if k in ckpt}))
     try:
         with atomic_write(path, "wb") as f:
             torch.save(ckpt, f)
@@ -206,6 +250,7 @@ def load_checkpoint(path):
         ckpt["sharded"] = path   # the tensors stay in the folder: load_sharded reads them into a model
     if not isinstance(ckpt, dict) or not {"model", "model_args"} <= ckpt.keys() and "sharded" not in ckpt:
         raise ValueError(f"{path} is not a train.py checkpoint (no 'model' and 'model_args' entries)")
+    verify(path, ckpt)
     return ckpt
 
 
@@ -273,10 +318,16 @@ def save_sharded(path, model, optimizer, info, master):
         dist.barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.save(_as_saved(model_sd, optim_sd), checkpoint_id=tmp)   # a collective: every rank's files, then .metadata
+        rank = dist.get_rank() if dist.is_initialized() else 0   # each rank's checksums of its own files
+        sums = [{n: file_crc(os.path.join(tmp, n)) for n in os.listdir(tmp) if n.startswith(f"__{rank}_")}]
+        if dist.is_initialized():   # to the master, which writes them into meta.pt
+            sums, mine = [None] * dist.get_world_size(), sums[0]
+            dist.all_gather_object(sums, mine)
         if master:
             groups = [{k: v for k, v in g.items() if k != "params"} for g in optim_sd["param_groups"]]
+            sums = {k: v for d in sums for k, v in d.items()} | {".metadata": file_crc(os.path.join(tmp, ".metadata"))}
             with open(os.path.join(tmp, DCP_META), "wb") as f:
-                torch.save(dict(info, param_groups=groups), f)
+                torch.save(dict(info, param_groups=groups, checksums=sums), f)
                 f.flush()
                 os.fsync(f.fileno())
             if os.path.exists(path):   # the old one leaves only once the new one is whole

@@ -102,6 +102,14 @@ def trained(data_dir, tmp_path_factory):
     return out
 
 
+def save_ckpt(ck, path):
+    """torch.save a hand-made checkpoint with its checksums made anew, as train.py would have written it: so a
+    test of another check (a NaN, a wrong shape) is not stopped first by the checksum check."""
+    import torch
+    from hrmlm.checkpoint import checksums
+    torch.save(dict(ck, checksums=checksums({k: ck[k] for k in ("model", "optimizer") if k in ck})), path)
+
+
 def copy_run(src, tmp_path, name="run"):
     out = str(tmp_path / name)
     shutil.copytree(src, out)

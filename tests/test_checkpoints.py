@@ -19,7 +19,7 @@ import torch
 
 from hrmlm.checkpoint import nonfinite_tensors
 from conftest import (ENV, HRM, ROOT, TINY, Evil, by_iter, char_tiny, copy_run, one_error_line, patched, raw_log,
-                      read_until, run_script, run_train, snapshot, train_cmd, wait_for)
+                      read_until, run_script, run_train, save_ckpt, snapshot, train_cmd, wait_for)
 
 # torch.save with a fault at its FAULT_AT_SAVE-th call: "full" writes part of the file and raises ENOSPC (a
 # full disk); "zip" raises torch's zip-writer RuntimeError instead; "hang" writes part of the file, touches
@@ -295,9 +295,40 @@ def test_damaged_checkpoint_is_refused(trained, data_dir, tmp_path, damage, msg)
         ck["model"]["fusion.tau"] = torch.tensor(float("nan"))
     else:
         del ck["optimizer"]
-    torch.save(ck, path)
+    save_ckpt(ck, path)
     line = one_error_line(run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, out, check=False))
     assert msg in line, line
+
+
+def flip_a_weight_byte(path, name="wte.weight"):
+    """Flip one byte inside a tensor's data in a checkpoint file, as a bad disk or a copy gone wrong would: the file
+    still loads, and the weight is finite (one bit of a float32's exponent set makes it huge, not NaN)."""
+    t = torch.load(path, weights_only=True)["model"][name]
+    data = bytearray(open(path, "rb").read())
+    at = data.find(t.reshape(-1)[:8].numpy().tobytes())
+    assert at > 0
+    data[at + 3] ^= 0x20
+    open(path, "wb").write(bytes(data))
+    assert torch.isfinite(torch.load(path, weights_only=True)["model"][name]).all()
+
+
+def test_a_flipped_byte_is_refused_by_resume_sample_and_analyze(trained, data_dir, tmp_path):
+    """Every checkpoint carries its tensors' checksums: a flipped byte in ckpt_last.pt once resumed, trained and
+    said done; now the resume, sample.py and analyze.py each stop with one line (exit 2) naming the file and
+    what is intact, and nothing in the folder changes."""
+    out = copy_run(trained, tmp_path)
+    flip_a_weight_byte(os.path.join(out, "ckpt_last.pt"))
+    before = snapshot(out, skip=(".lock",))
+    p = run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, out, check=False)
+    line = one_error_line(p)
+    assert p.returncode == 2 and "ckpt_last.pt is damaged: 1 tensor(s) missing or not as written (checksums: model/wte.weight)" in line, line
+    assert "intact: " + os.path.join(out, "ckpt.pt") + " (iter" in line, line
+    assert snapshot(out, skip=(".lock",)) == before
+    flip_a_weight_byte(os.path.join(out, "ckpt.pt"))
+    for script, args in (("sample.py", ["--max_new_tokens=2"]), ("tools/analyze.py", [])):
+        p = run_script(script, f"--out_dir={out}", *args)
+        line = one_error_line(p, prog=os.path.basename(script))
+        assert p.returncode == 2 and "ckpt.pt is damaged" in line, (script, line)
 
 
 def test_truncated_checkpoint_is_named(trained, data_dir, tmp_path):
@@ -559,7 +590,7 @@ def test_damaged_checkpoint_on_resume_names_what_does_not_fit(trained, data_dir,
         ck["optimizer"]["param_groups"] = ck["optimizer"]["param_groups"][:1]
     else:
         ck["optimizer"]["state"][0]["exp_avg"] = ck["optimizer"]["state"][0]["exp_avg"][:3].clone()
-    torch.save(ck, path)
+    save_ckpt(ck, path)
     before = snapshot(out, skip=(".lock",))
     line = one_error_line(run_train(HRM + ["--max_iters=6", "--eval_interval=2", "--init_from=resume"], data_dir,
                                     out, check=False))
@@ -571,7 +602,7 @@ def test_sample_names_the_tensor_that_does_not_fit(trained, tmp_path):
     out = copy_run(trained, tmp_path)
     ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     ck["model"]["H_net.proj_out.weight"] = torch.zeros(3, 3)
-    torch.save(ck, os.path.join(out, "ckpt.pt"))
+    save_ckpt(ck, os.path.join(out, "ckpt.pt"))
     line = one_error_line(run_script("sample.py", f"--out_dir={out}", "--max_new_tokens=2"), prog="sample.py")
     assert "size mismatch for H_net.proj_out.weight" in line, line
 

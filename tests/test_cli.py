@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import ENV, Evil, copy_run, one_error_line, run_script, snapshot, write_docs
+from conftest import ENV, Evil, copy_run, one_error_line, run_script, save_ckpt, snapshot, write_docs
 
 # --- every case of the issue ----------------------------------------------------------------------
 # (id, script, args, word in the error line); {name} is filled from the `world` fixture's paths.
@@ -75,7 +75,7 @@ def world(trained, tmp_path_factory):
     torch.save({**ck, "payload": Evil(p["pwned"])}, os.path.join(p["evil"], "ckpt.pt"))
     bad = {**ck, "model": dict(ck["model"])}
     bad["model"]["z_H0"] = torch.full_like(bad["model"]["z_H0"], float("nan"))
-    torch.save(bad, os.path.join(p["nan"], "ckpt.pt"))
+    save_ckpt(bad, os.path.join(p["nan"], "ckpt.pt"))
 
     p["cfg_raises"] = str(tmp / "raises.py")
     (tmp / "raises.py").write_text("import math\nnum_samples = 1\ntemperature = 1 / 0\n")

@@ -61,6 +61,12 @@ def test_fsdp_bf16_train_py_matches_one_process(data_dir, tmp_path):
 
 # --- FSDP's sharded resume state ------------------------------------------------------------------------------
 
+def del_checksums(out_dir):
+    """A ckpt_last.dcp as code before checksums wrote it: meta.pt without them."""
+    meta = os.path.join(out_dir, "ckpt_last.dcp", "meta.pt")
+    torch.save({k: v for k, v in torch.load(meta, weights_only=True).items() if k != "checksums"}, meta)
+
+
 def test_fsdp_checkpoint_is_sharded_and_resumes_anywhere(data_dir, tmp_path, capfd, caplog):
     """An FSDP run on 2 ranks writes ckpt_last.dcp (each rank its own shard file), which FSDP on 1 rank and one
     plain process resume to the numbers of the uninterrupted run, and sample.py's loader reads; ckpt.pt stays
@@ -79,6 +85,10 @@ def test_fsdp_checkpoint_is_sharded_and_resumes_anywhere(data_dir, tmp_path, cap
     assert best["model"]["L_net.alpha"].shape == () and "optimizer" not in best
     copy, early, broken = (copy_run(part, tmp_path, name) for name in ("copy", "early", "broken"))
     os.remove(os.path.join(broken, "ckpt_last.dcp", "__1_0.distcp"))   # a lost shard: one line, no traceback
+    with pytest.raises(ValueError, match=r"ckpt_last.dcp is damaged: 1 file\(s\) missing or not as written \(checksums: "
+                                         r"__1_0.distcp missing\); intact: .*ckpt.pt \(iter 2\)$"):
+        model_from_checkpoint(load_checkpoint(os.path.join(broken, "ckpt_last.dcp")))
+    del_checksums(broken)   # a folder written before checksums: dcp's own reading still names the problem
     with pytest.raises(ValueError, match="ckpt_last.dcp: cannot read a shard .*one is missing or damaged"):
         model_from_checkpoint(load_checkpoint(os.path.join(broken, "ckpt_last.dcp")))
     index = os.path.join(early, "ckpt_last.dcp", ".metadata")   # its index: truncated, then missing
@@ -87,6 +97,9 @@ def test_fsdp_checkpoint_is_sharded_and_resumes_anywhere(data_dir, tmp_path, cap
         f.truncate(os.path.getsize(index) // 2)
     capfd.readouterr()
     caplog.clear()
+    with pytest.raises(ValueError, match=r"ckpt_last.dcp is damaged: .*checksums: .metadata\)"):
+        model_from_checkpoint(load_checkpoint(os.path.join(early, "ckpt_last.dcp")))
+    del_checksums(early)
     with pytest.raises(ValueError, match="ckpt_last.dcp: cannot read a shard or its index .*truncated"):
         model_from_checkpoint(load_checkpoint(os.path.join(early, "ckpt_last.dcp")))
     os.remove(index)
@@ -94,6 +107,17 @@ def test_fsdp_checkpoint_is_sharded_and_resumes_anywhere(data_dir, tmp_path, cap
         model_from_checkpoint(load_checkpoint(os.path.join(early, "ckpt_last.dcp")))
     assert capfd.readouterr().err == "" and not caplog.records, caplog.records   # no log or traceback of torch's
     os.replace(index + ".kept", index)
+    flipped = copy_run(part, tmp_path, "flipped")   # a flipped byte inside a shard once resumed, trained, said done
+    shard = os.path.join(flipped, "ckpt_last.dcp", "__1_0.distcp")
+    data = bytearray(open(shard, "rb").read())
+    data[len(data) // 2] ^= 0x20
+    open(shard, "wb").write(bytes(data))
+    p = run_train(args + ["--max_iters=4", "--fsdp=True", "--init_from=resume"], data_dir, flipped, nproc=2,
+                  check=False)
+    lines = [l for l in p.stderr.splitlines() if l.startswith("train.py")]   # under torchrun: its own traceback too
+    assert p.returncode != 0 and "step" not in p.stdout and len(lines) == 1, p.stderr[-3000:]
+    assert lines[0].startswith(f"train.py: error: {flipped}/ckpt_last.dcp is damaged: 1 file(s) missing or not as "
+                               f"written (checksums: __1_0.distcp); intact: {flipped}/ckpt.pt (iter 2)"), lines
     run_train(args + ["--max_iters=4", "--fsdp=True", "--init_from=resume"], data_dir, part, nproc=1)
     run_train(args + ["--max_iters=4", "--init_from=resume"], data_dir, copy)   # one process reads the shards
     ref = by_iter(full)[4]
