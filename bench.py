@@ -33,11 +33,15 @@ import subprocess
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
+if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on (subprocess.run ends a worker with it)
+    from hrmlm.signals import exit_on_signals
+    exit_on_signals()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 from hrmlm.common import (DTYPES, HelpFormatter, auto_device, check_device, check_output_path, fail, precision_context,
-                    sync, timed)
+                         sync, timed)  # noqa: E402
 from hrmlm import engine
 from hrmlm.flops import counted_train_flops, datasheet_tflops, measure_peak_tflops, train_flops
 from model import ModelConfig, build_model

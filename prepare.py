@@ -29,7 +29,8 @@ def stopped_in_setup(signum, frame):   # until main's Interrupts: nothing is wri
           file=sys.stderr, flush=True)
     os._exit(128 + signum)   # not an exception: one raised inside an import prints a traceback
 if __name__ == "__main__":   # noqa: E305  (before torch's and datasets' imports, which take seconds)
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # common.STOP_SIGNALS, before torch's import
+    from hrmlm.signals import STOP_SIGNALS   # the standard library only
+    for s in STOP_SIGNALS:
         signal.signal(s, stopped_in_setup)
 
 import argparse  # noqa: E402

@@ -13,10 +13,14 @@ import signal
 import sys
 import time
 
-import torch
+from hrmlm.signals import exit_on_signals
+
+signalled = exit_on_signals()   # Ctrl-C, SIGTERM, SIGHUP: one line at any moment, loading included
+
+import torch  # noqa: E402
 
 from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
-from hrmlm.common import DTYPES, SIGNALLED, STOP_SIGNALS, auto_device, auto_dtype, check_device, fail, precision_context
+from hrmlm.common import DTYPES, SIGNALLED, auto_device, auto_dtype, check_device, fail, precision_context
 from configurator import configure
 from hrmlm.data import get_codec, load_meta
 from hrmlm.engine import KV_POLICIES, cache_slots, stream
@@ -115,24 +119,12 @@ x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
 
 
 
-def on_sigint(signum, frame):
-    """Ctrl-C (or SIGTERM, SIGHUP): noted, then KeyboardInterrupt. Where Python drops that exception (it lands in a
-    finaliser) the note still stops the next token, and the handler is ours even where SIGINT was inherited
-    ignored: never lost."""
-    on_sigint.fired = signum
-    raise KeyboardInterrupt
-
-
-for s in STOP_SIGNALS:
-    signal.signal(s, on_sigint)
-
-
 def show(ids):
     """Print the text of token ids as they come. A token may end inside a character (BPE splits bytes), which
     decodes as U+FFFD until the next token completes it: such tokens wait for the rest."""
     pending = []
     for i in ids:
-        if getattr(on_sigint, "fired", False):
+        if signalled:   # a signal whose KeyboardInterrupt Python dropped (it landed in a finaliser)
             raise KeyboardInterrupt
         pending.append(i)
         text = decode(pending)
@@ -156,5 +148,5 @@ try:
 except KeyboardInterrupt:   # what was printed stays printed
     sys.stdout.write("\n")
     sys.stdout.flush()
-    signum = getattr(on_sigint, "fired", signal.SIGINT)
+    signum = signalled[0] if signalled else signal.SIGINT
     fail(f"interrupted by {signal.Signals(signum).name}; the text above is what was generated", code=SIGNALLED + signum)

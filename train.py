@@ -31,8 +31,9 @@ def stopped_in_setup(signum, frame):   # until the loop's handler (parallel.Stop
         print(f"train.py: error: interrupted by {signal.Signals(signum).name} before training started; nothing "
               "was saved", file=sys.stderr, flush=True)
     os._exit(128 + signum)   # not an exception: one raised inside an import or a finaliser prints a traceback
-for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # noqa: E305  common.STOP_SIGNALS, before torch's import
-    signal.signal(s, stopped_in_setup)                      # (seconds), which that module needs
+from hrmlm.signals import STOP_SIGNALS  # noqa: E402  (the standard library only: before torch's import, seconds)
+for s in STOP_SIGNALS:
+    signal.signal(s, stopped_in_setup)
 
 import torch  # noqa: E402
 

@@ -949,4 +949,6 @@ def main():
 
 
 if __name__ == "__main__":
+    from hrmlm.signals import exit_on_signals   # Ctrl-C, SIGTERM, SIGHUP: one line in every phase
+    exit_on_signals()
     main()

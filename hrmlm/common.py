@@ -7,21 +7,20 @@ it>", and one of these exit statuses (docs/TRAINING.md, "Exit statuses"):
     1        I/O: a write failed (a full disk); what is still intact is named
     2        bad input: a setting, a file or a dataset no run can use; nothing was written
     3        diverged: train.py saw max_nonfinite non-finite iterations in a row
-    128 + n  stopped by signal n (130 Ctrl-C, 143 SIGTERM); train.py saved first
+    128 + n  stopped by signal n (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); train.py saved first
 """
 
 import argparse
 import os
-import signal
 import sys
 from contextlib import contextmanager, nullcontext
 
 import torch
 
+from hrmlm.signals import SIGNALLED, STOP_SIGNALS  # noqa: F401  (the scripts import them from here too)
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-IO_ERROR, BAD_INPUT, DIVERGED, SIGNALLED = 1, 2, 3, 128   # exit statuses; a signal n exits with 128 + n
-# The signals that ask a script to stop (and train.py to save): Ctrl-C, kill or a scheduler, a closed terminal
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+IO_ERROR, BAD_INPUT, DIVERGED = 1, 2, 3   # exit statuses (the table above)
 
 
 class Failure(SystemExit):

@@ -4,12 +4,17 @@
 
 import importlib
 import os
+import signal
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
-from conftest import ENV, Evil, copy_run, one_error_line, run_script, save_ckpt, snapshot, write_docs
+from conftest import (ENV, ROOT, Evil, copy_run, one_error_line, patched, run_script, save_ckpt, snapshot, wait_for,
+                      write_docs)
 
 # --- every case of the issue ----------------------------------------------------------------------
 # (id, script, args, word in the error line); {name} is filled from the `world` fixture's paths.
@@ -131,3 +136,60 @@ def test_failed_runs_left_every_file_alone(world):
     assert not os.path.exists(p["missing"])
     assert sorted(os.listdir(p["data"])) == ["mine"]   # no temporary folder left beside the dataset
 
+
+
+# --- a signal: one line and 128 + n from every script, at any moment (hrmlm/signals.py) --------------------------
+
+SIGNALLED_RUNS = [   # (script, args): each still importing torch, or working, half a second after it starts
+    ("sample.py", ["--out_dir={ckpt}", "--max_new_tokens=100000"]),
+    ("tools/analyze.py", ["--out_dir={ckpt}"]),
+    ("tools/plan.py", ["config/equalparam_nt8.py"]),
+    ("tools/plot.py", ["{ckpt}", "--out={tmp}/sig.png"]),
+    ("bench.py", ["--preset=tiny", "--models=hrm_nt4"]),
+    ("experiments/kv_policies.py", ["--tables"]),   # its printing slowed to 30 s a line (SLOW_PRINT): in a phase
+]
+SLOW_PRINT = """
+import builtins, os, time
+_print = builtins.print
+builtins.print = lambda *a, **k: (open(os.environ["MARKER"], "w").close(), time.sleep(30), _print(*a, **k))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_every_script_stops_on_a_signal_with_one_line(world, sig):
+    """Ctrl-C, SIGTERM or SIGHUP during start-up (torch's import) ends every script with exactly one line,
+    '<script>: error: interrupted by <signal>', and 128 + n: once a traceback (sample.py while loading,
+    analyze.py, plan.py, bench.py, the runners) or no line at all (SIGTERM, SIGHUP)."""
+    p = world[0]
+    cmds = [[sys.executable, os.path.join(ROOT, script), *[a.format(**p) for a in args]] for script, args in SIGNALLED_RUNS]
+    cmds = [patched(SLOW_PRINT, p["tmp"], c) if "experiments/" in c[1] else c for c in cmds]
+    marker = os.path.join(p["tmp"], f"printing{sig}")
+    procs = [(script, subprocess.Popen(cmd, cwd=ROOT, env=dict(ENV, MARKER=marker), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)) for (script, _), cmd in zip(SIGNALLED_RUNS, cmds)]
+    time.sleep(1.0)   # every script past the interpreter's start (its handler in place), most in torch's import
+    wait_for(lambda: os.path.exists(marker), 60, "the runner's first line")
+    for _, proc in procs:
+        proc.send_signal(sig)
+    for script, proc in procs:
+        _, err = proc.communicate(timeout=60)
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert proc.returncode == 128 + sig and lines == [
+            f"{os.path.basename(script)}: error: interrupted by {signal.Signals(sig).name}"], (script, proc.returncode, err)
+
+
+def test_bench_stopped_leaves_no_worker(world):
+    """SIGTERM to bench.py while its worker measures: one line, 143, and the worker is gone (it ran on)."""
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench.py"), "--preset=tiny", "--models=hrm_nt4"],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children = f"/proc/{proc.pid}/task/{proc.pid}/children"
+    deadline = time.time() + 60
+    while time.time() < deadline and not open(children).read().split():
+        time.sleep(0.1)
+    worker = int(open(children).read().split()[0])
+    time.sleep(1.0)   # the worker past its own start
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and err.strip().splitlines()[-1] == \
+        "bench.py: error: interrupted by SIGTERM", err
+    time.sleep(0.5)
+    assert not os.path.exists(f"/proc/{worker}") or "zombie" in open(f"/proc/{worker}/status").read().lower()

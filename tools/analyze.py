@@ -31,6 +31,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root: model.py, hrmlm/
+if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on, torch's import included
+    from hrmlm.signals import exit_on_signals
+    exit_on_signals()
 
 import numpy as np
 import torch

@@ -42,6 +42,9 @@ import weakref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repo root: train.py, model.py, hrmlm/
 sys.path.insert(0, ROOT)
+if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on, torch's import included
+    from hrmlm.signals import exit_on_signals
+    exit_on_signals()
 
 import torch
 import torch.nn.functional as F

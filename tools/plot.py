@@ -15,6 +15,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root: model.py, hrmlm/
+if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on, torch's import included
+    from hrmlm.signals import exit_on_signals
+    exit_on_signals()
 from hrmlm.checkpoint import CKPT_BEST, LOG, read_info, read_log, resume_path
 from hrmlm.common import HelpFormatter, check_output_path, fail
 

@@ -1,0 +1,45 @@
+"""
+The signals that stop a script, and how a script with nothing to save stops on them. Imports only the standard
+library, so a script installs it before torch's import (seconds) and the runners' --tables need no torch.
+
+train.py (parallel.StopSignals) and prepare.py (its Interrupts) answer the same STOP_SIGNALS in their own way:
+a save at the end of the iteration; the old dataset kept. docs/TRAINING.md, "What happens on a crash".
+"""
+
+import os
+import signal
+import sys
+
+SIGNALLED = 128   # a script stopped by signal n exits with 128 + n, as a shell reports it
+# Ctrl-C; kill or a scheduler; a closed terminal or a dropped ssh session
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def exit_on_signals(prog=None):
+    """Ctrl-C, SIGTERM or SIGHUP, at any moment, ends the script with one line, '<prog>: error: interrupted by
+    SIGTERM', and exit status 128 + n, never a traceback. The signal raises KeyboardInterrupt in the main thread,
+    so `with` and `finally` blocks clean up as it passes (subprocess.run kills its child); one that reaches the
+    top is that line. Returns the list of signals received (a script may check it where Python could drop the
+    exception, in a finaliser)."""
+    got = []
+
+    def on_signal(signum, frame):
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    def on_uncaught(kind, value, tb):
+        if not issubclass(kind, KeyboardInterrupt):
+            return sys.__excepthook__(kind, value, tb)
+        n = got[0] if got else signal.SIGINT
+        try:
+            sys.stdout.flush()   # what was printed stays printed
+        except OSError:
+            pass
+        sys.stderr.write(f"{prog or os.path.basename(sys.argv[0])}: error: interrupted by {signal.Signals(n).name}\n")
+        sys.stderr.flush()
+        os._exit(SIGNALLED + n)   # past the interpreter's exit: an uncaught exception's status is 1
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, on_signal)
+    sys.excepthook = on_uncaught
+    return got
