@@ -281,7 +281,7 @@ log(f"{arch}: {raw_model.num_params():,} parameters | {tokens_per_iter:,} tokens
     f"{device} {dtype} | clip {clip:.4g}")
 signals = parallel.StopSignals(ranks)   # Ctrl-C / SIGTERM: save ckpt_last.pt at the end of the iteration
 start_iter, t_start = run.iter_num, time.time()
-t0, t0_iter, last_grad_norm, bad_in_row = time.time(), run.iter_num, float("nan"), 0   # t0: the last progress line
+t0, t0_iter, bad_in_row = time.time(), run.iter_num, 0   # t0: the last progress line
 while True:  # Loop 1
     lr = get_lr(run.iter_num)
     for group, mult in zip(optimizer.param_groups, lr_mults):
@@ -290,7 +290,7 @@ while True:  # Loop 1
     resumed_here = run.resume and run.iter_num == start_iter and not eval_only and not run.eval_pending
     if (run.iter_num % eval_interval == 0 or run.iter_num == max_iters) and not resumed_here:
         t_eval = time.time()
-        evaluate(lr, last_grad_norm, t_start, signals.requested)
+        evaluate(lr, run.grad_norm, t_start, signals.requested)
         t0 += time.time() - t_eval  # keep evaluation out of ms/iter
     if (eval_only or run.iter_num >= max_iters) and not run.eval_pending:
         break
@@ -322,7 +322,7 @@ while True:  # Loop 1
     train_loss, grad_norm = torch.stack([loss_sum / gradient_accumulation_steps, total_norm.double()]).tolist()
     if math.isfinite(train_loss) and math.isfinite(grad_norm):
         scaler.step(optimizer)
-        last_grad_norm, bad_in_row = grad_norm, 0
+        run.grad_norm, bad_in_row = grad_norm, 0
     else:  # never let a NaN/Inf reach the optimiser
         run.skipped_total += 1
         bad_in_row += 1

@@ -567,6 +567,7 @@ class Run:
     best_iter: int = None
     skipped_total: int = 0   # non-finite iterations skipped so far
     eval_pending: bool = False   # a signal stopped the evaluation of iter_num: the resume does it first
+    grad_norm: float = float("nan")   # the last finite step's, which that evaluation logs
     notes: list = field(default_factory=list)   # printed once every check has passed (restore)
 
     @property
@@ -582,7 +583,7 @@ class Run:
                 "best_val_loss": self.best_val_loss, "best_iter": self.best_iter, "meta": self.meta}
         last = os.path.basename(path) == CKPT_LAST
         if last:
-            info.update(skipped_total=self.skipped_total, eval_pending=self.eval_pending)
+            info.update(skipped_total=self.skipped_total, eval_pending=self.eval_pending, grad_norm=self.grad_norm)
             if fsdp:
                 return save_sharded(os.path.join(c["out_dir"], CKPT_LAST_DCP), model, optimizer, info, master)
         model_sd = full_weights(model, self.ranks, fsdp) if master or fsdp else None   # FSDP: a collective
@@ -625,7 +626,7 @@ class Run:
         if self.ckpt is not None and not self.resume:   # a new run from these weights: a fresh optimizer and schedule
             log(f"starting from the weights of {self.source} (iter {self.ckpt['iter_num']})")
         elif self.ckpt is not None:   # where the run stopped
-            for k in ("iter_num", "best_val_loss", "best_iter", "skipped_total", "eval_pending"):
+            for k in ("iter_num", "best_val_loss", "best_iter", "skipped_total", "eval_pending", "grad_norm"):
                 setattr(self, k, self.ckpt.get(k, getattr(self, k)))
         self.ckpt = None
 

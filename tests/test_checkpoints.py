@@ -611,21 +611,27 @@ def test_sample_names_the_tensor_that_does_not_fit(trained, tmp_path):
 
 @pytest.mark.slow   # CI time (15 s): CI's signal test saves and resumes at an iteration boundary
 def test_signal_during_an_evaluation_saves_and_resume_evaluates(char_data, tmp_path):
-    out = str(tmp_path / "run")
-    args = char_tiny(out, "--max_iters=2", "--eval_iters=400")   # an evaluation of a second or two
-    proc = subprocess.Popen(train_cmd(args, char_data, out), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    read_until(proc, "hrm:", timeout=120)   # the header comes just before the step-0 evaluation starts
+    """SIGTERM inside iteration 2's evaluation: saved at once, and the resume evaluates iteration 2 first, logging
+    what the uninterrupted run logs there, grad_norm included (it once logged null: the norm was not saved)."""
+    ref, out = str(tmp_path / "ref"), str(tmp_path / "run")
+    args = ["--max_iters=4", "--eval_interval=2", "--eval_iters=400"]   # an evaluation of a second or two
+    run_train(char_tiny(ref, *args), char_data, ref)
+    proc = subprocess.Popen(train_cmd(char_tiny(out, *args), char_data, out), cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    read_until(proc, "step 0:", timeout=120)   # two iterations (milliseconds), then iteration 2's evaluation
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
-    assert "stopped by SIGTERM at iter 0" in err, err
+    assert proc.returncode == 143 and "stopped by SIGTERM at iter 2" in err, err
     ck = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
-    assert ck["iter_num"] == 0 and ck["eval_pending"] is True   # stopped inside the evaluation, not after it
-    assert not os.path.exists(os.path.join(out, "log.jsonl"))
-    run_train(args + ["--init_from=resume"], char_data, out)
-    assert [r["iter"] for r in raw_log(out)] == [0, 2]         # iteration 0 evaluated by the resumed run
+    assert ck["iter_num"] == 2 and ck["eval_pending"] is True   # stopped inside the evaluation, not after it
+    assert [r["iter"] for r in raw_log(out)] == [0]
+    run_train(char_tiny(out, *args, "--init_from=resume"), char_data, out)
+    a, b = by_iter(ref), by_iter(out)
+    assert sorted(b) == [0, 2, 4] and b[2]["grad_norm"] is not None
+    for it in (2, 4):
+        assert {k: a[it][k] for k in ("train_loss", "val_loss", "grad_norm", "lr")} == \
+            {k: b[it][k] for k in ("train_loss", "val_loss", "grad_norm", "lr")}, it
 
 
 def test_a_kill_between_the_sharded_swaps_loses_nothing(tmp_path):
