@@ -65,22 +65,39 @@ class Diff:
     test: str        # "welch" or "paired"
     n: int           # runs per group (paired: pairs)
 
+    @property
+    def degenerate(self):
+        """No test: the runs (paired: the per-seed differences) do not vary, or their spread overflowed."""
+        return not math.isfinite(self.p)
+
     def __str__(self):
+        if self.degenerate:
+            return f"{self.diff:+.3f} (no spread among the {self.n} runs: no interval, no p-value)"
         return f"{self.diff:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}], p = {p_text(self.p)}"
 
 
 def p_text(p):
+    if not math.isfinite(p):
+        return "none (no spread)"
     return "<0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
 
 
 def _mean_var(xs):
-    m = sum(xs) / len(xs)
-    return m, sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+    """Mean and sample variance; 0 where the spread is rounding (under 1e-9 of the values: equal CEs differ in
+    float's last digits), inf where it overflows (values near 1e308)."""
+    m = math.fsum(xs) / len(xs)
+    try:
+        v = math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+    except OverflowError:
+        return m, math.inf
+    return m, 0.0 if math.sqrt(v) <= 1e-9 * max(1.0, max(abs(x) for x in xs)) else v
 
 
 def _result(diff, se, df, test, n):
-    if se == 0:
-        return Diff(diff, diff, diff, 0.0 if diff else 1.0, df, test, n)
+    """A Diff; with no spread (se 0) or an overflowed one, a degenerate Diff (p, interval nan): the t-test assumes
+    runs that vary, and a zero-width interval with p = 0 would claim a certainty the data does not give."""
+    if se == 0 or not math.isfinite(se) or not math.isfinite(diff):
+        return Diff(diff, math.nan, math.nan, math.nan, df, test, n)
     h = t_quantile(0.975, df) * se
     return Diff(diff, diff - h, diff + h, t_two_sided(diff / se, df), df, test, n)
 
@@ -94,6 +111,8 @@ def welch(a, b):
     (ma, va), (mb, vb) = _mean_var(a), _mean_var(b)
     sa, sb = va / len(a), vb / len(b)
     se = math.sqrt(sa + sb)
+    if se == 0 or not math.isfinite(se):
+        return _result(ma - mb, se, len(a) + len(b) - 2, "welch", min(len(a), len(b)))
     df = (sa + sb) ** 2 / ((sa ** 2 / (len(a) - 1) if sa else 0) + (sb ** 2 / (len(b) - 1) if sb else 0) or 1e-300)
     return _result(ma - mb, se, df if se else len(a) + len(b) - 2, "welch", min(len(a), len(b)))
 
@@ -118,6 +137,8 @@ def verdict(d, effect=None, alpha=0.05):
     both signs (and, given the size of an effect in question, whether the interval reaches it)."""
     if d is None:
         return "too few runs"
+    if d.degenerate:
+        return f"no test: no spread among the {d.n} runs (or it overflows)"
     if d.lo > 0 or d.hi < 0:
         return ("a lower" if d.hi < 0 else "a higher") + f" CE (p = {p_text(d.p)})"
     tail = "" if effect is None else (

@@ -1,6 +1,7 @@
 """experiments/stats.py (the tests every runner reports a difference with) against published t-table values, and
 experiments/equalparam.py's phases (which runs it asks for, given which have finished) on made-up results."""
 
+import math
 import os
 import sys
 
@@ -11,6 +12,7 @@ from conftest import ROOT
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import equalparam  # noqa: E402
 import stats  # noqa: E402
+from stats import paired, verdict, welch  # noqa: E402
 import sweep  # noqa: E402
 
 
@@ -196,3 +198,18 @@ def test_kv_remedy_line_pairs_the_remedy_with_the_standard_runs_exact_decoding(m
     assert "- unitf-post train_kv=last decoded under `last`, against unitf-post decoded exactly" in line, line
     assert "+2.4700 [" in line and "(3 seeds)" in line, line
     assert line.count("at 3x its lr") == 1 and "decoding CE under `last` 3.4300" in line, line
+
+
+@pytest.mark.parametrize("a,b", [
+    ({1: 2.0, 2: 3.0, 3: 4.0}, {1: 1.0, 2: 2.0, 3: 3.0}),             # a constant per-seed difference
+    ({1: 1.9, 2: 1.9, 3: 1.9}, {1: 1.9, 2: 1.9, 3: 1.9}),             # identical groups
+    ({1: 1e300, 2: -1e300, 3: 1e300}, {1: 1.0, 2: 2.0, 3: 3.0}),      # a spread that overflows
+])
+def test_degenerate_input_claims_no_certainty(a, b):
+    """No spread (or an overflowed one): no interval and no p-value, said so, never p ~ 0 with a zero-width
+    interval and 'a higher CE', nor '[0, 0] spans both signs', nor an OverflowError."""
+    tests = [paired(a, b)] + ([welch(list(a.values()), list(b.values()))] if a[1] != 2.0 else [])   # groups that vary
+    for d in tests:
+        assert d.degenerate and math.isnan(d.p) and math.isnan(d.lo) and math.isnan(d.hi)
+        assert "no spread" in str(d) and verdict(d).startswith("no test: no spread among the 3 runs"), (str(d), verdict(d))
+    assert not welch([2.26, 2.13, 2.28], [1.95, 1.99, 1.98]).degenerate   # runs that vary: a test as before
