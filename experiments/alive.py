@@ -106,13 +106,7 @@ def reading(out_dir):
         from hrmlm.common import atomic_write
         with atomic_write(path) as f:
             json.dump(r, f, indent=1)
-    with open(path) as f:
-        try:
-            return json.load(f)
-        except ValueError as e:
-            from hrmlm.common import fail
-            fail(f"{os.path.relpath(path, sweep.ROOT)} cannot be read ({e}); restore it or delete it to read the run "
-                 f"again", prog="alive.py")
+    return sweep.committed_json(path, (("off_both", (int, float)),))
 
 
 def is_alive(out_dir):

@@ -118,8 +118,7 @@ def measured(out_dir):
             raise RuntimeError(f"measuring {out_dir} failed:\n{p.stderr[-2000:]}")
         with open(path, "w") as f:
             f.write(p.stdout.strip().splitlines()[-1])
-    with open(path) as f:
-        return json.load(f)
+    return sweep.committed_json(path)
 
 
 # --- table and plot ------------------------------------------------------------------------------------

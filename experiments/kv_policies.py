@@ -80,8 +80,7 @@ def reading(out_dir):
     path = kv_path(out_dir)
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    return sweep.committed_json(path, (("rows", (list,)),))
 
 
 def read(out_dir):
@@ -158,8 +157,7 @@ def speeds():
     """--speed's tok/s by variant and policy, or {} before it has run."""
     if not os.path.exists(SPEED):
         return {}
-    with open(SPEED) as f:
-        return json.load(f)["tok_s"]
+    return sweep.committed_json(SPEED, (("tok_s", (dict,)),)).get("tok_s", {})
 
 
 def missing():

@@ -100,18 +100,40 @@ def run_dir(testbed, variant, lr, seed, extra=""):
     return os.path.join(OUT, testbed, variant, f"lr{lr_name(lr)}-s{seed}{extra}")
 
 
+def bad_committed(path, why):
+    """A committed file that cannot be read (truncated, hand-edited, a field of the wrong type) is bad input: one
+    line naming it, exit 2, from whichever runner is running."""
+    from hrmlm.common import fail
+    rel = os.path.relpath(path, ROOT)
+    fail(f"{rel} cannot be read ({why}); restore it (git checkout -- {rel}) or delete it to make it again",
+         prog=os.path.basename(sys.argv[0]))
+
+
+def committed_json(path, fields=()):
+    """A committed JSON object (run.json, analysis.json, kv.json, ...), each of `fields` ((name, types)) of its type
+    where present; else bad_committed."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        bad_committed(path, e)
+    if not isinstance(data, dict):
+        bad_committed(path, f"a JSON {type(data).__name__}, not an object")
+    for name, types in fields:
+        if name in data and not isinstance(data[name], types) or isinstance(data.get(name), bool) and bool not in types:
+            bad_committed(path, f"its {name!r} is {data[name]!r}")
+    return data
+
+
+NUMBER = (int, float, type(None))   # a logged number, or null (not measured, non-finite)
+
+
 def facts(out_dir):
     """The committed facts of a finished run (experiments/logs/.../run.json), or None."""
     path = os.path.join(ROOT, log_dir(out_dir), "run.json")
     if not os.path.exists(path):
         return None
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:   # a truncated or hand-edited file: name it, not a traceback
-        from hrmlm.common import fail
-        fail(f"{os.path.relpath(path, ROOT)} cannot be read ({e}); restore it (git checkout -- {os.path.relpath(path, ROOT)})"
-             f" or delete it to run that run again", prog=os.path.basename(sys.argv[0]))
+    return committed_json(path, (("final_val", NUMBER), ("diverged", (bool,)), ("command", (str,))))
 
 
 def finished(out_dir):
@@ -121,8 +143,18 @@ def finished(out_dir):
 
 def run_log(out_dir):
     """The committed log of a finished run: a list of rows, one per logged iteration."""
-    from tools.plot import load_log
-    return load_log(os.path.join(ROOT, log_dir(out_dir)))
+    from hrmlm.checkpoint import read_log
+    path = os.path.join(ROOT, log_dir(out_dir))
+    try:
+        rows, _ = read_log(path)
+    except ValueError as e:
+        bad_committed(os.path.join(path, "log.jsonl"), e)
+    for r in rows:
+        bad = [k for k in ("train_loss", "val_loss", "lr", "grad_norm", "time_s", "alpha_L", "alpha_H")
+               if k in r and (not isinstance(r[k], NUMBER) or isinstance(r[k], bool))]
+        if bad:
+            bad_committed(os.path.join(path, "log.jsonl"), f"iteration {r['iter']}'s {bad[0]!r} is {r[bad[0]]!r}")
+    return rows
 
 
 def final_val(out_dir):
@@ -519,8 +551,7 @@ def unigrams():
         with open(path, "w") as f:
             json.dump({"char": unigram_ce(os.path.join(ROOT, "data"), "shakespeare_char"),
                        "bpe": unigram_ce(os.path.join(ROOT, "data"), "shakespeare")}, f, indent=1)
-    with open(path) as f:
-        return json.load(f)
+    return committed_json(path, (("char", (int, float)), ("bpe", (int, float))))
 
 
 def size_of(testbed, variant):
@@ -673,8 +704,7 @@ def analysis(out_dir):
         from hrmlm.common import atomic_write
         with atomic_write(path) as f:
             json.dump(r, f, indent=1)
-    with open(path) as f:
-        return json.load(f)
+    return committed_json(path)
 
 
 DEPTHS = [0.5, 1, 2, 4]   # multiples of the trained depth for the inference-depth table

@@ -419,3 +419,36 @@ def test_a_run_another_runner_finished_meanwhile_is_not_run_again(monkeypatch, t
     out = capsys.readouterr().out
     assert "another runner finished it" in out and "FAILED" not in out, out
     assert not os.path.exists(os.path.join(out_dir, "train.out")), "the run was launched"
+
+
+DAMAGED = [   # (runner, committed file, what is done to it)
+    ("kv_policies.py", "trainkv/char/unitf-post/lr3e-3-s1337/kv.json", "truncate"),
+    ("kv_policies.py", "kv_speed.json", "truncate"),
+    ("equalparam.py", "equalparam/hrm-nt4/lr1e-2-s42/analysis.json", "truncate"),
+    ("sweep.py", "sweep/unigram.json", "garbage"),
+    ("sweep.py", "sweep/char/hrm-post/lr1e-2-s1337/run.json", '{"final_val": "low", "diverged": false}'),
+    ("sweep.py", "sweep/char/hrm-post/lr1e-2-s42/log.jsonl", '{"iter": 0, "val_loss": "x"}\n'),
+    ("sweep.py", "sweep/char/hrm-post/lr1e-2-s2024/log.jsonl", "delete"),
+]
+
+
+@pytest.mark.parametrize("runner,name,damage", DAMAGED, ids=[f"{r}:{d[:8]}:{n.split('/')[-1]}" for r, n, d in DAMAGED])
+def test_tables_on_a_damaged_committed_file_is_one_line(checkout, runner, name, damage):
+    """--tables on a committed file truncated, garbage, deleted, or with a field of the wrong type: one line naming
+    the file, exit 2 (bad input), from the runner (once tracebacks, or plot.py's line with exit 1)."""
+    path = os.path.join(checkout, "experiments", "logs", name)
+    kept = open(path, "rb").read()
+    try:
+        if damage == "delete":
+            os.remove(path)
+        else:
+            open(path, "wb").write(kept[: len(kept) // 2] if damage == "truncate" else
+                                   b"\x00garbage" if damage == "garbage" else damage.encode())
+        p = subprocess.run([sys.executable, f"experiments/{runner}", "--tables"], cwd=checkout, capture_output=True,
+                           text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    finally:
+        open(path, "wb").write(kept)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr[-2000:])
+    assert lines[0].startswith(f"{runner}: error: experiments/logs/{os.path.dirname(name)}") and \
+        "cannot be read" in lines[0] and "git checkout" in lines[0], lines
