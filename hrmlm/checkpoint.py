@@ -24,6 +24,7 @@ Each function takes what it needs as arguments, so every script (and a test) can
 import fcntl
 import json
 import logging
+import math
 import os
 import pickle
 import shutil
@@ -96,7 +97,9 @@ def take_out_dir(out_dir, init_from, overwrite, eval_only):
         for n in held:
             remove(os.path.join(out_dir, n))
     if init_from == "resume" and not os.path.exists(resume_path(out_dir)):
-        return None, f"init_from='resume' but {os.path.join(out_dir, CKPT_LAST)} does not exist"
+        return None, (f"init_from='resume' but {os.path.join(out_dir, CKPT_LAST)} does not exist" +
+                      (f" (the folder holds only {', '.join(held)}: a run stopped before its first checkpoint); start "
+                       f"it again with --init_from=scratch --overwrite=True" if held else ""))
     return lock, None
 
 
@@ -340,6 +343,8 @@ def save_sharded(path, model, optimizer, info, master):
     except (OSError, RuntimeError, CheckpointException) as e:   # the last: dcp's, a BaseException
         if isinstance(e, CheckpointException):
             e = next(iter(e.failures.values()), (e,))[0]   # {rank: (exception, its traceback)}
+        if master:   # a full disk: the half-written folder goes now, not at the next start
+            shutil.rmtree(tmp, ignore_errors=True)
         # a rank whose own write worked sees the failing rank leave its collective: that one speaks for both
         stop_on_write_error(f"save {path}", info.get("iter_num"), e, os.path.dirname(path),
                             show=master or isinstance(e, OSError))
@@ -490,9 +495,10 @@ def check_resume(ckpt, path, model_args, config, meta):
 def append_log(out_dir, row):
     """One evaluation's line in out_dir/log.jsonl. A failed write (a full disk) stops the run with one line; a
     half-written line is dropped by trim_log when the run resumes."""
+    row = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}   # strict JSON
     try:
         with open(os.path.join(out_dir, LOG), "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(row, allow_nan=False) + "\n")
     except OSError as e:
         stop_on_write_error(f"write {os.path.join(out_dir, LOG)}", row["iter"], e, out_dir)
 
@@ -691,6 +697,12 @@ def start_run(config):
     if c["init_from"] != "scratch":   # every rank loads it: ckpt_last.pt to resume, or the weights a new run starts from
         try:
             run.source = resume_path(out_dir) if resume else find_checkpoint(c["init_from"])
+            for other in (os.path.join(out_dir, n) for n in (CKPT_LAST, CKPT_LAST_DCP)) if resume else ():
+                try:   # the other resume state, left by a kill between a save and its removal: say why not it
+                    if os.path.exists(other) and other != run.source:
+                        read_info(other)
+                except Exception as e:
+                    notes.append(f"note: {other} cannot be read ({one_line(e, 120)}); resuming from {run.source}")
             run.ckpt = load_checkpoint(run.source)
         except ValueError as e:
             errors.append(str(e))

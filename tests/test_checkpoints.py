@@ -331,6 +331,24 @@ def test_a_flipped_byte_is_refused_by_resume_sample_and_analyze(trained, data_di
         assert p.returncode == 2 and "ckpt.pt is damaged" in line, (script, line)
 
 
+def test_a_folder_with_only_a_log_names_the_way_out(data_dir, tmp_path):
+    """A run killed before its first checkpoint leaves log.jsonl alone: resuming it names --overwrite=True."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "log.jsonl").write_text('{"iter": 0, "val_loss": 4.38}\n')
+    line = one_error_line(run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, str(out), check=False))
+    assert "does not exist (the folder holds only log.jsonl" in line and "--init_from=scratch --overwrite=True" in line
+
+
+def test_the_log_is_strict_json(tmp_path):
+    """A non-finite number is logged as null, never as bare NaN or Infinity (not JSON: strict readers refuse it)."""
+    from hrmlm.checkpoint import append_log
+    append_log(str(tmp_path), {"iter": 3, "train_loss": float("nan"), "val_loss": float("inf"), "lr": 0.1})
+    line = (tmp_path / "log.jsonl").read_text()
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c}")) == {
+        "iter": 3, "train_loss": None, "val_loss": None, "lr": 0.1}
+
+
 def test_truncated_checkpoint_is_named(trained, data_dir, tmp_path):
     out = str(tmp_path / "t")
     os.makedirs(out)
@@ -531,6 +549,17 @@ def test_full_disk_on_save_is_one_line(small_disk, char_data):
     assert f"cannot save {out}/ckpt_last.pt at iter 2" in line and "No space left on device" in line, line
     assert f"intact: {out}/ckpt.pt (iter 2)" in line, line
     assert sorted(os.listdir(out)) == [".lock", "ckpt.pt", "log.jsonl"]   # no temporary left filling the disk
+
+
+def test_full_disk_on_a_sharded_save_leaves_no_temporary(small_disk, char_data):
+    """FSDP's ckpt_last.dcp on a full disk: one line (exit 1), and its half-written folder is gone before the exit
+    (it stayed, 10 MB on the full disk, until the next start)."""
+    disk = small_disk("300k")   # ckpt.pt (84 KB) fits, the sharded state (about 250 KB with its index) does not
+    out = str(disk / "run")
+    p = run_train(char_tiny(out, "--max_iters=4", "--fsdp=True"), char_data, out, check=False, nproc=1)
+    lines = [l for l in p.stderr.splitlines() if l.startswith("train.py")]
+    assert p.returncode != 0 and len(lines) == 1 and f"cannot save {out}/ckpt_last.dcp at iter 2" in lines[0], p.stderr
+    assert not [n for n in os.listdir(out) if ".tmp" in n], os.listdir(out)
 
 
 @pytest.mark.slow   # CI time: CI fills a real disk on save, and on prepare's staging folder

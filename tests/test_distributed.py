@@ -119,7 +119,12 @@ def test_fsdp_checkpoint_is_sharded_and_resumes_anywhere(data_dir, tmp_path, cap
     assert lines[0].startswith(f"train.py: error: {flipped}/ckpt_last.dcp is damaged: 1 file(s) missing or not as "
                                f"written (checksums: __1_0.distcp); intact: {flipped}/ckpt.pt (iter 2)"), lines
     run_train(args + ["--max_iters=4", "--fsdp=True", "--init_from=resume"], data_dir, part, nproc=1)
-    run_train(args + ["--max_iters=4", "--init_from=resume"], data_dir, copy)   # one process reads the shards
+    newer = os.path.join(copy, "ckpt_last.pt")   # a newer single file beside it, cut short: the older one, with a note
+    shutil.copy(os.path.join(part, "ckpt.pt"), newer)
+    with open(newer, "r+b") as f:
+        f.truncate(os.path.getsize(newer) // 2)
+    p = run_train(args + ["--max_iters=4", "--init_from=resume"], data_dir, copy)   # one process reads the shards
+    assert f"note: {newer} cannot be read (" in p.stdout and f"resuming from {copy}/ckpt_last.dcp" in p.stdout, p.stdout
     ref = by_iter(full)[4]
     for out in (part, copy):
         got = by_iter(out)[4]
