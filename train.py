@@ -141,7 +141,7 @@ model_config = ModelConfig(**run.model_args)
 model = build_model(model_config)
 errors = run.load_weights(model)   # a single-file checkpoint's weights, before the model is moved and sharded
 model.to(device)
-params = parallel.fully_shard_model(model) if fsdp else list(model.parameters())   # FSDP2: all state sharded
+params = parallel.fully_shard_model(model, DTYPES[dtype]) if fsdp else list(model.parameters())   # FSDP2: all state sharded
 # AdamW groups: matrices and the embedding (decayed); norms (and alpha, tau); with scalar_lr_mult != 1, alpha and
 # tau (one element each, also under FSDP) on their own, at that multiple of the lr
 scalars = [p for p in params if p.numel() == 1] if scalar_lr_mult != 1 else []
@@ -157,7 +157,7 @@ for m in [getattr(model, n, None) for n in ("L_net", "H_net")] if not learn_alph
 # No RNG state is saved: after the initialisation nothing draws from a global generator (no dropout; each
 # batch comes from its own generator), so a resume is exact without it.
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
-ctx = precision_context(device_type, dtype, weight_cache=not fsdp)   # why not under FSDP: parallel.fully_shard_model
+ctx = precision_context(device_type, dtype)   # autocast, its weight cache on under DDP and FSDP alike
 raw_model = model   # what is saved: uncompiled, unwrapped
 loop_depth = model_config.N if arch == "hrm" else model_config.M   # D: random_depth draws 1..2D-1 (train_depth)
 if compile:

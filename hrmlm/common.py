@@ -99,13 +99,13 @@ def auto_dtype(dtype, device_type):
     return "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
 
 
-def precision_context(device_type, dtype, weight_cache=True):
-    """The forward's precision: nothing for float32, else autocast to dtype (a DTYPES name); weight_cache=False
-    casts a weight at every use instead of once per forward (FSDP: parallel.fully_shard_model says why). The
-    cache is also off where this torch's autocast would reuse a copy made under no_grad without its gradient."""
+def precision_context(device_type, dtype):
+    """The forward's precision: nothing for float32, else autocast to dtype (a DTYPES name), a weight cast once per
+    forward (its cache), under DDP and FSDP alike (parallel.fully_shard_model). The cache is off only where this
+    torch's autocast would reuse a copy made under no_grad without its gradient."""
     if dtype == "float32":
         return nullcontext()
-    cache = weight_cache and autocast_cache_keeps_grad(device_type, DTYPES[dtype])
+    cache = autocast_cache_keeps_grad(device_type, DTYPES[dtype])
     return torch.autocast(device_type=device_type, dtype=DTYPES[dtype], cache_enabled=cache)
 
 

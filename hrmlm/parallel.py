@@ -192,15 +192,16 @@ class _Scalar(nn.Module):
         return x.reshape(1)
 
 
-def fully_shard_model(model):
+def fully_shard_model(model, dtype=torch.float32):
     """FSDP2 over the ranks: each block (with its projections) is a unit gathered when it runs, the rest is
     the root. HRM's and UniTF's shared blocks run M times a pass, so they stay gathered through the forward
     (one all-gather, not M); a Transformer's blocks run once and are freed after their forward.
 
-    The weights are gathered in float32 and bf16 is autocast's, as under DDP: the same numbers as DDP. Only the
-    reduce dtype is set (float32), and train.py turns autocast's weight cache off under FSDP: the cache would
-    keep one bf16 copy of a shared weight for all M steps, whose gradient then reaches the weight after FSDP
-    has reduce-scattered it (docs/TRAINING.md, "bf16 under DDP and FSDP").
+    Precision is FSDP2's MixedPrecisionPolicy, stated here: under bf16 (dtype) every Linear is gathered in bf16,
+    what autocast's weight cache makes of it in one process (a shared weight cast once for all M steps, its M
+    gradients summed in bf16, then float32); the norms, embedding and scalars stay float32, where autocast keeps
+    them; every gradient is reduced in float32. So FSDP gives DDP's numbers: gradients 1e-7 apart relative
+    (tests/dist_equality.py; docs/TRAINING.md, "bf16 under DDP and FSDP").
     Returns the parameters in one process's order (alpha and tau are re-registered by _Scalar, which moves
     them), so the optimizer's positions are a single process's."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard   # public since torch 2.6
@@ -209,10 +210,14 @@ def fully_shard_model(model):
     for name in [n for n, p in model.named_parameters() if p.dim() == 0]:
         owner, _, attr = name.rpartition(".")
         parametrize.register_parametrization(model.get_submodule(owner), attr, _Scalar(), unsafe=True)
-    mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    fp32 = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    low = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    reshard = isinstance(model, Transformer)
     for unit in shard_units(model):
-        fully_shard(unit, mp_policy=mp, reshard_after_forward=isinstance(model, Transformer))
-    fully_shard(model, mp_policy=mp)
+        for lin in [m for m in unit.modules() if isinstance(m, nn.Linear)] if dtype != torch.float32 else ():
+            fully_shard(lin, mp_policy=low, reshard_after_forward=reshard)
+        fully_shard(unit, mp_policy=fp32, reshard_after_forward=reshard)
+    fully_shard(model, mp_policy=fp32)
     by_name = {canonical(n): p for n, p in model.named_parameters()}
     return [by_name[n] for n in order]
 

@@ -1,7 +1,7 @@
 """Run by tests/test_distributed.py under torchrun (2 gloo ranks): for each architecture and option, the same
 10 AdamW iterations in one process (every rank, locally) and sharded (FSDP2) or replicated (DDP) over the
-ranks, as train.py sets them up: parallel.fully_shard_model / parallel.wrap, precision_context with autocast's
-weight cache off under FSDP, 4 global micro-batches (2 per rank, gradients reduced on the last). Rank 0 prints
+ranks, as train.py sets them up: parallel.fully_shard_model (its MixedPrecisionPolicy) / parallel.wrap,
+precision_context (autocast's weight cache on), 4 global micro-batches (2 per rank, gradients reduced on the last). Rank 0 prints
 one JSON line per case: the worst relative gradient error per parameter at iterations 0 and 1 (None: the
 parameter got no gradient), the largest train-loss difference over the 10 iterations, and the dims of alpha
 and tau as the forward reads them.
@@ -53,7 +53,7 @@ def run_case(cfg, mode, dtype, rank, world):
     ref = build_model(cfg)
     torch.manual_seed(0)
     raw = build_model(cfg)
-    params = parallel.fully_shard_model(raw) if mode == "fsdp" else list(raw.parameters())
+    params = parallel.fully_shard_model(raw, getattr(torch, dtype)) if mode == "fsdp" else list(raw.parameters())
     model = parallel.wrap(raw, parallel.Ranks(True, rank, rank, world), mode == "fsdp")
     scalar_dims = set()   # what the model reads as alpha and tau inside the forward (one process: 0-d)
     for m in raw.modules():
@@ -61,7 +61,7 @@ def run_case(cfg, mode, dtype, rank, world):
             if attr in dict(m.named_parameters(recurse=False)) or hasattr(m, "parametrizations") and attr in m.parametrizations:
                 m.register_forward_hook(lambda mod, i, o, attr=attr: scalar_dims.add(getattr(mod, attr).dim()))
     opt_ref, opt = optimizer(list(ref.parameters())), optimizer(params)
-    ctx_ref, ctx = precision_context("cpu", dtype), precision_context("cpu", dtype, weight_cache=mode != "fsdp")
+    ctx_ref, ctx = precision_context("cpu", dtype), precision_context("cpu", dtype)
     worst, loss_diff = {}, 0.0
     for it in range(ITERS):
         loss_ref = 0.0

@@ -10,7 +10,8 @@ is the paper's 6 GPUs unless --world_size says otherwise), it prints per GPU:
   params, grads, AdamW    float32 weights, gradients and the two AdamW moments: 4 + 4 + 8 bytes per parameter
                           (DDP keeps the gradients in its buckets for the whole run); FSDP divides all three by
                           the world size and adds what it gathers: the root, and HRM's and UniTF's shared blocks
-                          (kept for the whole forward) or two Transformer blocks, in float32
+                          (kept for the whole forward) or two Transformer blocks, in bfloat16 (its
+                          MixedPrecisionPolicy: they stand in for autocast's weight copies)
   activations             what autograd saves for backward at the end of the forward: counted, not estimated
   logits                  of which the saved logits, log-softmax and loss tensors (the last dim is the vocabulary)
   weight casts            the bfloat16 copies of the weights autocast keeps for the iteration
@@ -103,21 +104,20 @@ class AutocastOnMeta(TorchFunctionMode):
             F.cross_entropy, F.rms_norm, torch.exp, torch.Tensor.exp, torch.log, torch.Tensor.log,
             torch.sum, torch.Tensor.sum}
 
-    def __init__(self, dtype, weight_cache=True):
+    def __init__(self, dtype):
         super().__init__()
         self.dtype = dtype       # None: no autocast (float32 training), only the fused attention
-        self.weight_cache = weight_cache   # False under FSDP (train.py): a weight is cast at every use
         self.cache = {}          # id(weight) -> (weight, its cast): autocast casts each leaf once per region
 
     def cast(self, t, dtype):
         if not (isinstance(t, torch.Tensor) and t.is_floating_point()) or t.dtype == dtype:
             return t
         if t.is_leaf and t.requires_grad:
-            if id(t) not in self.cache or not self.weight_cache:
+            if id(t) not in self.cache:
                 with torch.enable_grad():   # as torch's autocast: a copy first made under no_grad still carries
                     c = t.to(dtype)         # the gradient of the steps that reuse it (pytorch#158232)
                 c.weight_cast = True   # what count_iteration reports as weight casts when autograd saves it
-                self.cache[id(t)] = (t, c) if self.weight_cache else None
+                self.cache[id(t)] = (t, c)
                 return c
             return self.cache[id(t)][1]
         return t.to(dtype)
@@ -161,13 +161,12 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-def count_iteration(cfg, batch, dtype=torch.bfloat16, grads_persistent=True, seq=None, weight_cache=True):
+def count_iteration(cfg, batch, dtype=torch.bfloat16, grads_persistent=True, seq=None):
     """One training iteration (forward, loss, backward) of build_model(cfg) at `batch` x `seq` tokens (block_size),
     on the meta device. Returns bytes: saved activations, of which logits and weight casts, and the
     iteration's peak beyond the persistent state. grads_persistent: the gradients exist before the
     iteration (DDP's buckets, FSDP's sharded grads); else they are created in backward and count in the
-    peak. weight_cache=False is FSDP's iteration (train.py gathers float32 weights and autocast casts a weight at
-    every use: each step with gradient saves its own bf16 copy of its weights)."""
+    peak."""
     with torch.device("meta"):
         model = build_model(cfg)
     model.train()
@@ -186,7 +185,7 @@ def count_iteration(cfg, batch, dtype=torch.bfloat16, grads_persistent=True, seq
             saved[key] = (t.untyped_storage().nbytes(), t.dim() >= 2 and t.shape[-1] == cfg.vocab_size, cast)
         return t
 
-    autocast = AutocastOnMeta(None if dtype == torch.float32 else dtype, weight_cache)
+    autocast = AutocastOnMeta(None if dtype == torch.float32 else dtype)
     live = LiveBytes(own)
     with live, autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         _, loss = model(x, x)      # train.py keeps only the loss
@@ -216,11 +215,13 @@ def plan(settings, world_size, gpu_bytes, reserve_bytes, micro_batch=None, fsdp=
     with torch.device("meta"):
         model = build_model(cfg)
     P = sum(p.numel() for p in model.parameters())
-    it = count_iteration(cfg, micro_batch or settings["batch_size"], dtype, weight_cache=not fsdp)
+    it = count_iteration(cfg, micro_batch or settings["batch_size"], dtype)
     state = 16 * P
-    if fsdp:   # sharded weights, grads and moments, plus what is gathered (float32) and one unit's whole grads
-        held, unit = gathered_params(model, cfg.arch)
-        state = state / world_size + (held + unit) * 4
+    if fsdp:   # sharded weights, grads and moments, plus what is gathered and one unit's whole grads; gathered in
+        held, unit = gathered_params(model, cfg.arch)   # bf16 (MixedPrecisionPolicy), the weights autocast would
+        low = dtype != torch.float32                     # have cast: they replace its copies in the peak
+        state = state / world_size + held * (2 if low else 4) + unit * 4
+        it["iteration_peak"] -= it["weight_casts"]
     total = state + it["iteration_peak"] + reserve_bytes
     return {"params": P, "state": state, **it, "total": total, "fits": total <= gpu_bytes}
 
