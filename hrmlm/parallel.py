@@ -214,8 +214,9 @@ def fully_shard_model(model, dtype=torch.float32):
     low = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     reshard = isinstance(model, Transformer)
     for unit in shard_units(model):
-        for lin in [m for m in unit.modules() if isinstance(m, nn.Linear)] if dtype != torch.float32 else ():
-            fully_shard(lin, mp_policy=low, reshard_after_forward=reshard)
+        linears = [m for m in unit.modules() if isinstance(m, nn.Linear)]
+        if dtype != torch.float32 and linears:   # one group: gathered in bf16 together, one all-gather
+            fully_shard(linears, mp_policy=low, reshard_after_forward=reshard)
         fully_shard(unit, mp_policy=fp32, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=fp32)
     by_name = {canonical(n): p for n, p in model.named_parameters()}

@@ -386,7 +386,8 @@ def _size(path):
         return 0
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
+# SIGTERM slow (CI time): the handler is SIGINT's and SIGHUP's, which CI runs
+@pytest.mark.parametrize("sig", ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow), "SIGHUP"])
 def test_prepare_stops_on_a_signal_at_any_moment(data_dir, tmp_path, sig):
     import signal
     from hrmlm.data import check_dataset

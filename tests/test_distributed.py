@@ -69,6 +69,29 @@ def del_checksums(out_dir):
     torch.save({k: v for k, v in torch.load(meta, weights_only=True).items() if k != "checksums"}, meta)
 
 
+def flip_a_shard_byte(out_dir):
+    shard = os.path.join(out_dir, "ckpt_last.dcp", "__1_0.distcp")
+    data = bytearray(open(shard, "rb").read())
+    data[len(data) // 2] ^= 0x20
+    open(shard, "wb").write(bytes(data))
+    return out_dir
+
+
+@pytest.mark.slow   # CI time (25 s): CI checks the same folder in one process (the test below)
+def test_a_flipped_shard_stops_every_rank_with_one_line(data_dir, tmp_path):
+    """Under torchrun each rank checks its share of the folder's files; the rank that finds the flipped byte
+    stops every rank with one line (exit 2 on each) before any step."""
+    args = HRM + ["--gradient_accumulation_steps=2", "--eval_interval=2", "--lr_decay_iters=4", "--fsdp=True"]
+    out = str(tmp_path / "run")
+    run_train(args + ["--max_iters=2"], data_dir, out, nproc=2)
+    flip_a_shard_byte(out)
+    p = run_train(args + ["--max_iters=4", "--init_from=resume"], data_dir, out, nproc=2, check=False)
+    lines = [l for l in p.stderr.splitlines() if l.startswith("train.py")]   # under torchrun: its own traceback too
+    assert p.returncode != 0 and "step" not in p.stdout and len(lines) == 1, p.stderr[-3000:]
+    assert lines[0].startswith(f"train.py: error: {out}/ckpt_last.dcp is damaged: 1 file(s) missing or not as "
+                               f"written (checksums: __1_0.distcp); intact: {out}/ckpt.pt (iter 2)"), lines
+
+
 def test_fsdp_checkpoint_is_sharded_and_resumes_anywhere(data_dir, tmp_path, capfd, caplog):
     """An FSDP run on 2 ranks writes ckpt_last.dcp (each rank its own shard file), which FSDP on 1 rank and one
     plain process resume to the numbers of the uninterrupted run, and sample.py's loader reads; ckpt.pt stays
@@ -109,17 +132,10 @@ def test_fsdp_checkpoint_is_sharded_and_resumes_anywhere(data_dir, tmp_path, cap
         model_from_checkpoint(load_checkpoint(os.path.join(early, "ckpt_last.dcp")))
     assert capfd.readouterr().err == "" and not caplog.records, caplog.records   # no log or traceback of torch's
     os.replace(index + ".kept", index)
-    flipped = copy_run(part, tmp_path, "flipped")   # a flipped byte inside a shard once resumed, trained, said done
-    shard = os.path.join(flipped, "ckpt_last.dcp", "__1_0.distcp")
-    data = bytearray(open(shard, "rb").read())
-    data[len(data) // 2] ^= 0x20
-    open(shard, "wb").write(bytes(data))
-    p = run_train(args + ["--max_iters=4", "--fsdp=True", "--init_from=resume"], data_dir, flipped, nproc=2,
-                  check=False)
-    lines = [l for l in p.stderr.splitlines() if l.startswith("train.py")]   # under torchrun: its own traceback too
-    assert p.returncode != 0 and "step" not in p.stdout and len(lines) == 1, p.stderr[-3000:]
-    assert lines[0].startswith(f"train.py: error: {flipped}/ckpt_last.dcp is damaged: 1 file(s) missing or not as "
-                               f"written (checksums: __1_0.distcp); intact: {flipped}/ckpt.pt (iter 2)"), lines
+    flipped = flip_a_shard_byte(copy_run(part, tmp_path, "flipped"))   # once resumed, trained and said done
+    with pytest.raises(ValueError, match=r"ckpt_last.dcp is damaged: 1 file\(s\) missing or not as written \(checksums: "
+                                         r"__1_0.distcp\); intact: "):
+        load_checkpoint(os.path.join(flipped, "ckpt_last.dcp"))   # one process checks every file
     run_train(args + ["--max_iters=4", "--fsdp=True", "--init_from=resume"], data_dir, part, nproc=1)
     newer = os.path.join(copy, "ckpt_last.pt")   # a newer single file beside it, cut short: the older one, with a note
     shutil.copy(os.path.join(part, "ckpt.pt"), newer)

@@ -421,18 +421,19 @@ def test_a_run_another_runner_finished_meanwhile_is_not_run_again(monkeypatch, t
     assert not os.path.exists(os.path.join(out_dir, "train.out")), "the run was launched"
 
 
+SLOW = pytest.mark.slow   # CI time: CI runs one damage of each kind (truncated, a wrong type, deleted); one reader
 DAMAGED = [   # (runner, committed file, what is done to it)
     ("kv_policies.py", "trainkv/char/unitf-post/lr3e-3-s1337/kv.json", "truncate"),
-    ("kv_policies.py", "kv_speed.json", "truncate"),
-    ("equalparam.py", "equalparam/hrm-nt4/lr1e-2-s42/analysis.json", "truncate"),
-    ("sweep.py", "sweep/unigram.json", "garbage"),
+    pytest.param("kv_policies.py", "kv_speed.json", "truncate", marks=SLOW),
+    pytest.param("equalparam.py", "equalparam/hrm-nt4/lr1e-2-s42/analysis.json", "truncate", marks=SLOW),
+    pytest.param("sweep.py", "sweep/unigram.json", "garbage", marks=SLOW),
     ("sweep.py", "sweep/char/hrm-post/lr1e-2-s1337/run.json", '{"final_val": "low", "diverged": false}'),
-    ("sweep.py", "sweep/char/hrm-post/lr1e-2-s42/log.jsonl", '{"iter": 0, "val_loss": "x"}\n'),
+    pytest.param("sweep.py", "sweep/char/hrm-post/lr1e-2-s42/log.jsonl", '{"iter": 0, "val_loss": "x"}\n', marks=SLOW),
     ("sweep.py", "sweep/char/hrm-post/lr1e-2-s2024/log.jsonl", "delete"),
 ]
 
 
-@pytest.mark.parametrize("runner,name,damage", DAMAGED, ids=[f"{r}:{d[:8]}:{n.split('/')[-1]}" for r, n, d in DAMAGED])
+@pytest.mark.parametrize("runner,name,damage", DAMAGED)
 def test_tables_on_a_damaged_committed_file_is_one_line(checkout, runner, name, damage):
     """--tables on a committed file truncated, garbage, deleted, or with a field of the wrong type: one line naming
     the file, exit 2 (bad input), from the runner (once tracebacks, or plot.py's line with exit 1)."""
