@@ -41,7 +41,7 @@ from hrmlm import data  # noqa: E402
 from hrmlm import engine  # noqa: E402
 from hrmlm import parallel  # noqa: E402
 from hrmlm.checkpoint import CKPT_BEST, CKPT_LAST, append_log, resume_path, start_run  # noqa: E402
-from hrmlm.common import DIVERGED, DTYPES, fail, fmt_time, precision_context  # noqa: E402
+from hrmlm.common import DIVERGED, DTYPES, fail, fmt_time, precision_context, torch_line  # noqa: E402
 from configurator import configure  # noqa: E402
 from hrmlm.flops import counted_train_flops, device_peak_tflops  # noqa: E402
 from model import ModelConfig, build_model  # noqa: E402
@@ -158,6 +158,7 @@ for m in [getattr(model, n, None) for n in ("L_net", "H_net")] if not learn_alph
 # batch comes from its own generator), so a resume is exact without it.
 scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
 ctx = precision_context(device_type, dtype)   # autocast, its weight cache on under DDP and FSDP alike
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True   # GPU float32 matmuls in TF32 (nanoGPT)
 raw_model = model   # what is saved: uncompiled, unwrapped
 loop_depth = model_config.N if arch == "hrm" else model_config.M   # D: random_depth draws 1..2D-1 (train_depth)
 if compile:
@@ -278,7 +279,7 @@ def diverged(why):
 # --- training loop: Algorithm 1 (the model's forward is Algorithms 2-3, with the last-K window) ---------
 log(f"{arch}: {raw_model.num_params():,} parameters | {tokens_per_iter:,} tokens/iter "
     f"({gradient_accumulation_steps} x {batch_size} x {block_size}, {world_size} rank(s)) | "
-    f"{device} {dtype} | clip {clip:.4g}")
+    f"{dtype} | clip {clip:.4g} | {torch_line(device)}")
 signals = parallel.StopSignals(ranks)   # Ctrl-C / SIGTERM: save ckpt_last.pt at the end of the iteration
 start_iter, t_start = run.iter_num, time.time()
 t0, t0_iter, bad_in_row = time.time(), run.iter_num, 0   # t0: the last progress line

@@ -657,6 +657,8 @@ def start_run(config):
     resume, notes = c["init_from"] == "resume", []   # notes: printed once every check has passed
     if not errors:
         notes += train_setting_notes(c)
+    if ranks.ddp and not ranks.device.startswith("cuda"):   # torchrun without a usable GPU: say where it runs
+        notes.append(f"note: {ranks.world_size} processes on the CPU (gloo), not GPUs: torch sees no GPU it can use")
     if not resume:   # a new run on more ranks than its config was written for splits its micro-batches
         try:         # (parallel.micro_batches); a resumed run keeps its checkpoint's (below)
             accum, batch, note = parallel.micro_batches(c["gradient_accumulation_steps"], c["batch_size"],

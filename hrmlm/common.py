@@ -58,10 +58,24 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 def auto_device(device):
-    """device="auto": "cuda" when a GPU is present, else "cpu"; any other value is kept."""
+    """device="auto": "cuda" when torch can use a GPU, else "cpu", said loudly where the machine has an NVIDIA GPU
+    that this torch cannot use (a CPU build, or a CUDA newer than the driver); any other value is kept."""
     if device != "auto":
         return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    gpu = next((p for p in ("/dev/nvidia0", "/proc/driver/nvidia/version") if os.path.exists(p)), None)
+    if gpu:
+        print(f"note: this machine has an NVIDIA GPU ({gpu}), but torch {torch.__version__} (CUDA "
+              f"{torch.version.cuda or 'none: a CPU build'}) cannot use it, so this runs on the CPU; install the pinned "
+              f"torch's CUDA build (README, 'On a GPU') or check the driver with nvidia-smi", file=sys.stderr, flush=True)
+    return "cpu"
+
+
+def torch_line(device):
+    """What runs: 'torch 2.13.0+cu126, CUDA 12.6, cuda:0 (NVIDIA H100 80GB HBM3)', for every run's header."""
+    name = f" ({torch.cuda.get_device_name(device)})" if str(device).startswith("cuda") else ""
+    return f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, {device}{name}"
 
 
 def check_device(device):

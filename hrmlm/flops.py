@@ -15,7 +15,8 @@ from model import build_model, fast_attn_schedule
 # datasheet dense bf16 peaks, TFLOP/s, the same for fp16 on these parts (MFU is measured against the device's own
 # peak). Matched against torch.cuda.get_device_name in this order, the most specific first: an "H100 PCIe" is
 # not the SXM part ("NVIDIA H100 80GB HBM3").
-DATASHEET_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200": 989.0, "A100": 312.0,
+DATASHEET_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200": 989.0, "H800 PCIe": 756.0,
+                         "H800": 989.0, "B200": 2250.0, "A100": 312.0,
                          "L40S": 362.0, "RTX 6000 Ada": 364.0, "A6000": 155.0, "4090": 165.0}
 
 

@@ -6,6 +6,7 @@ checkpoint.py (tests/test_docs.py checks that hrmlm's imports have no circle).
 One process is the case world_size = 1: every function here then does the obvious local thing.
 """
 
+import datetime
 import math
 import os
 import signal
@@ -39,10 +40,18 @@ def init_process_group(device):
     if int(os.environ.get("RANK", -1)) == -1:
         return Ranks(device=device)
     rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-    if device.startswith("cuda"):
-        device = f"cuda:{local_rank}"
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    if not device.startswith("cuda"):
+        dist.init_process_group(backend="gloo")
+        return Ranks(True, rank, local_rank, world_size, device)
+    n = torch.cuda.device_count()   # 1: a scheduler gave each process its own GPU (CUDA_VISIBLE_DEVICES), its cuda:0
+    if n > 1 and local_rank >= n:
+        fail(f"LOCAL_RANK={local_rank}, but this process sees {n} GPUs: run one process per GPU", BAD_INPUT,
+             "train.py", show=rank == 0)
+    device = f"cuda:{local_rank if n > 1 else 0}"
+    torch.cuda.set_device(device)
+    # device_id: NCCL binds the group to this GPU at once; the timeout covers a rank waiting while the master
+    # writes ckpt.pt of a 3.4B model (13.7 GB gathered and fsynced), past NCCL's default 10 minutes
+    dist.init_process_group(backend="nccl", device_id=torch.device(device), timeout=datetime.timedelta(minutes=30))
     return Ranks(True, rank, local_rank, world_size, device)
 
 

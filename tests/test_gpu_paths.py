@@ -1,5 +1,6 @@
 """The CUDA path's device bookkeeping, checked on the CPU with a mocked torch.cuda: MFU's datasheet peak per GPU
-part and dtype, and bench.py's timing and memory calls aimed at the device asked for, not device 0."""
+part and dtype, bench.py's timing and memory calls aimed at the device asked for, not device 0, the loud line
+where a GPU is present but torch cannot use it, and each torchrun process's GPU."""
 
 import pytest
 import torch
@@ -11,7 +12,8 @@ from hrmlm import flops
 
 @pytest.mark.parametrize("name, peak", [
     ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0), ("NVIDIA H100 80GB HBM3", 989.0),
-    ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100-PCIE-40GB", 312.0)])
+    ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100-PCIE-40GB", 312.0),
+    ("NVIDIA H800", 989.0), ("NVIDIA H800 PCIe", 756.0), ("NVIDIA B200", 2250.0)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mfu_peak_is_the_parts_datasheet_in_bf16_and_fp16(monkeypatch, name, peak, dtype):
     """Any "H100" used to count as the SXM part (989), overstating a PCIe card's peak by 31%; and fp16 used a
@@ -44,3 +46,36 @@ def test_bench_times_and_measures_the_device_it_was_given(monkeypatch):
     assert seen and all(device == "cuda:1" for _, device in seen), seen
     assert {fn for fn, _ in seen} == {"synchronize", "reset_peak_memory_stats", "max_memory_allocated",
                                       "memory_allocated", "get_device_name"}
+
+
+def test_a_gpu_torch_cannot_use_is_said_loudly(monkeypatch, capsys):
+    """device=auto on a machine with an NVIDIA GPU and a torch that cannot use it (a CPU build, or a CUDA newer
+    than the driver) once fell back to the CPU without a word."""
+    import os
+    real = os.path.exists
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(os.path, "exists", lambda p: p == "/dev/nvidia0" or real(p))
+    assert common.auto_device("auto") == "cpu"
+    err = capsys.readouterr().err
+    assert err.startswith("note: this machine has an NVIDIA GPU (/dev/nvidia0), but torch ") and "CUDA build" in err
+    monkeypatch.setattr(os.path, "exists", lambda p: False if "nvidia" in p else real(p))
+    assert common.auto_device("auto") == "cpu" and capsys.readouterr().err == ""   # no GPU: nothing to say
+    assert common.auto_device("cpu") == "cpu"
+    assert common.torch_line("cpu") == f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, cpu"
+
+
+@pytest.mark.parametrize("visible,local_rank,device", [(8, 3, "cuda:3"), (1, 3, "cuda:0")])
+def test_each_torchrun_process_takes_its_gpu(monkeypatch, visible, local_rank, device):
+    """LOCAL_RANK picks the GPU among those visible; a process that sees one GPU (a scheduler's CUDA_VISIBLE_DEVICES)
+    takes its cuda:0 (cuda:3 failed there). NCCL gets the device_id and a timeout past its default 10 minutes."""
+    from hrmlm import parallel
+    got = {}
+    monkeypatch.setenv("RANK", str(local_rank))
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: got.update(set=d))
+    monkeypatch.setattr(parallel.dist, "init_process_group", lambda **k: got.update(k))
+    ranks = parallel.init_process_group("cuda")
+    assert ranks.device == got["set"] == device and got["backend"] == "nccl"
+    assert got["device_id"] == torch.device(device) and got["timeout"].total_seconds() == 1800
