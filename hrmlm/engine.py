@@ -233,8 +233,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=Tr
         else:
             logits = logits / temperature
             if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))   # no boolean index, no host index:
+                logits = logits.masked_fill(logits < v[:, -1:], -float("inf"))   # nothing waits for the GPU
             idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
         idx = torch.cat((idx, idx_next), dim=1)
         next_input = idx_next if cache is not None else idx[:, -bs:]

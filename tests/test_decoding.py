@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from hrmlm import engine
 from conftest import ENV, ROOT, V, char_tiny, make, one_error_line, run_script, run_train, tiny
@@ -173,6 +174,36 @@ def test_sampling_is_seeded_and_cache_agnostic():
         engine.generate(m, prompt, 1, temperature=-1)
     with pytest.raises(ValueError, match="top_k"):
         engine.generate(m, prompt, 1, top_k=0)
+
+
+def test_sampler_makes_no_host_sync_and_draws_the_same_tokens():
+    """Top-k sampling as gpt-fast does it, without an op that makes the host wait for the GPU (a boolean-mask
+    assignment needs nonzero's count; a Python list as an index is a host-to-device copy): the ops are recorded
+    on the CPU. The tokens are those of the boolean-mask sampler it replaced, for the same seed."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(str(func).split(".")[1])
+            return func(*args, **(kwargs or {}))
+    m = make(tiny("hrm", N=2, T=2), scale=4.0).eval()
+    prompt = torch.zeros((1, 3), dtype=torch.long)
+    torch.manual_seed(5)
+    with Ops() as ops:
+        got = engine.generate(m, prompt, 12, temperature=0.8, top_k=10)
+    assert not ops.seen & {"index", "index_put_", "nonzero", "masked_select", "_local_scalar_dense", "lift_fresh"}, ops.seen
+    torch.manual_seed(5)   # the sampler before: logits[logits < v[:, [-1]]] = -inf
+    idx = prompt
+    for _ in range(12):
+        logits = m(idx)[0][:, -1, :].float() / 0.8
+        v, _ = torch.topk(logits, 10)
+        logits[logits < v[:, [-1]]] = -float("inf")
+        idx = torch.cat((idx, torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)), dim=1)
+    assert torch.equal(got, idx)
 
 
 @pytest.mark.parametrize("cfg,apps", [(tiny("hrm", N=2, T=3, S=2), 1 + 2 * 6 + 2 * 2),
