@@ -347,7 +347,8 @@ while True:  # Loop 1
 
 if bad_in_row:   # fewer than max_nonfinite iterations were left: the run still did not do what it was asked
     diverged(f"the last {bad_in_row} iteration(s) up to iter {run.iter_num} were all non-finite (steps skipped)")
-log(f"done: {run.iter_num} iterations, best val loss {run.best_val_loss:.4f}, {time.time() - t_start:.1f} s")
+log(f"done: {run.iter_num} iterations, best val loss {run.best_val_loss:.4f}, {time.time() - t_start:.1f} s" +
+    (f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if device_type == "cuda" else ""))
 if run.wandb:
     run.wandb.finish()
 parallel.end_process_group(ranks)
