@@ -386,8 +386,8 @@ def _size(path):
         return 0
 
 
-# SIGTERM slow (CI time): the handler is SIGINT's and SIGHUP's, which CI runs
-@pytest.mark.parametrize("sig", ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow), "SIGHUP"])
+# SIGTERM, SIGHUP slow (CI time): the handler is SIGINT's, which CI runs
+@pytest.mark.parametrize("sig", ["SIGINT"] + [pytest.param(s, marks=pytest.mark.slow) for s in ("SIGTERM", "SIGHUP")])
 def test_prepare_stops_on_a_signal_at_any_moment(data_dir, tmp_path, sig):
     import signal
     from hrmlm.data import check_dataset

@@ -426,7 +426,8 @@ def test_sample_bad_input_is_one_line(ckpt_dir, args, msg):
 
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+# SIGHUP slow (CI time): sample.py's one handler, which CI runs under SIGHUP in test_cli.py
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])
 def test_sample_streams_and_ctrl_c_keeps_the_text(ckpt_dir, sig):
     """Text appears while generating (10^7 tokens would take hours), and Ctrl-C keeps it: exit 130, one line; a
     closed terminal (SIGHUP) too, with 129."""

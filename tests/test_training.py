@@ -344,6 +344,7 @@ def test_non_finite_settings_are_one_line(setting, data_dir, tmp_path):
     assert not out.exists()   # refused before anything was written
 
 
+@pytest.mark.slow   # CI time (25 s): an option off by default; CI resumes exactly in test_checkpoints.py
 def test_random_depth_trains_at_drawn_depths_evaluates_at_the_trained_one_and_resumes_exactly(data_dir, tmp_path):
     """random_depth: a depth per iteration (seed 1337 draws M' = 5, 5, 7, 6), which changes the run; evaluation
     at the trained M = 4 (an eval_only run of the last checkpoint reads the logged val loss); a resume
