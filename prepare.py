@@ -504,3 +504,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    for s in STOP_SIGNALS:   # the work is done and published: a signal now, during Python's exit, changes nothing
+        signal.signal(s, signal.SIG_IGN)   # (it killed the process, -2, as the interpreter reset its handlers)
