@@ -7,7 +7,7 @@ DDP on one node with 6 GPUs (NCCL on CUDA, gloo on CPU):
 
     torchrun --standalone --nproc_per_node=6 train.py config/equalparam_nt8.py
 
-FSDP2 (--fsdp=True) shards weights, gradients and AdamW state over the ranks (plan.py says which configs need it).
+FSDP2 (--fsdp=True) shards weights, gradients and AdamW state over the ranks (tools/plan.py says which configs need it).
 
 gradient_accumulation_steps is the *global* number of micro-batches per iteration, as in
 nanoGPT: each of W ranks runs 1/W of them. Micro-batch j of iteration i is drawn from its
@@ -107,7 +107,7 @@ lr_decay_iters = 0           # cosine reaches min_lr here (0 = max_iters)
 device = "auto"              # "auto" (cuda if present, else cpu), "cpu", "cuda", "cuda:1", ...
 dtype = "auto"               # "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16", "float16"
 compile = False              # torch.compile the model (the uncompiled weights are what is saved)
-fsdp = False                 # with torchrun: FSDP2 instead of DDP (shards weights, grads, AdamW state; see plan.py)
+fsdp = False                 # with torchrun: FSDP2 instead of DDP (shards weights, grads, AdamW state; see tools/plan.py)
 seed = 1337                  # everything random derives from this
 # -----------------------------------------------------------------------------
 config = configure(globals(), prog="train.py")
@@ -226,7 +226,7 @@ def estimate_loss(stop):
 
 def injection_scales():
     """HRM's alpha_L and alpha_H, logged at every evaluation: near 0, a shared block adds nothing to its state and
-    the recurrence is off (analyze.py measures what switching each block off costs; docs/RESULTS.md section 10).
+    the recurrence is off (tools/analyze.py measures what switching each block off costs; docs/RESULTS.md section 10).
     Every rank calls it: under FSDP each alpha is a sharded 1-element vector (parallel._Scalar), gathered here."""
     out = {}
     for key, m in (("alpha_L", getattr(raw_model, "L_net", None)), ("alpha_H", getattr(raw_model, "H_net", None))):
