@@ -58,9 +58,9 @@ WIDTH = ("hrm-nt8", -3)          # (arm, k): lr 1e-2 * 2^-3 = 1.25e-3, the paper
 
 def job(arm, remedy, k, seed, name=None):
     """(out_dir, command) of one run: equalparam's arm at its centre lr times 2^k, with the remedy's overrides.
-    The paper's runs at the test seeds (HRM's and the Transformers') are equalparam's own, so its committed runs
-    count here; every other run is this runner's (out-alive/<arm>-<remedy>/, or out-alive/<name>/)."""
-    if remedy == "paper" and seed in SEEDS and name is None:
+    A paper-setting run at a test seed that equalparam has committed (section 9's) counts here; every other run is
+    this runner's (out-alive/<arm>-<remedy>/, or out-alive/<name>/), so that none changes section 9's selection."""
+    if remedy == "paper" and seed in SEEDS and name is None and sweep.finished(ep.job(arm, k, seed)[0]):
         return ep.job(arm, k, seed)
     d, cmd = ep.job(arm, k, seed, REMEDIES[remedy], name=name or f"{arm}-{remedy}")
     new = d.replace(ep.OUT, OUT, 1)
