@@ -149,4 +149,5 @@ except KeyboardInterrupt:   # what was printed stays printed
     sys.stdout.write("\n")
     sys.stdout.flush()
     signum = signalled[0] if signalled else signal.SIGINT
+    signalled.clear()   # said here, with what it means for the text: not again at the exit
     fail(f"interrupted by {signal.Signals(signum).name}; the text above is what was generated", code=SIGNALLED + signum)

@@ -6,6 +6,7 @@ train.py (parallel.StopSignals) and prepare.py (its Interrupts) answer the same 
 a save at the end of the iteration; the old dataset kept. docs/TRAINING.md, "What happens on a crash".
 """
 
+import atexit
 import os
 import signal
 import sys
@@ -27,9 +28,7 @@ def exit_on_signals(prog=None):
         got.append(signum)
         raise KeyboardInterrupt
 
-    def on_uncaught(kind, value, tb):
-        if not issubclass(kind, KeyboardInterrupt):
-            return sys.__excepthook__(kind, value, tb)
+    def stop():
         n = got[0] if got else signal.SIGINT
         try:
             sys.stdout.flush()   # what was printed stays printed
@@ -39,7 +38,17 @@ def exit_on_signals(prog=None):
         sys.stderr.flush()
         os._exit(SIGNALLED + n)   # past the interpreter's exit: an uncaught exception's status is 1
 
+    def on_uncaught(kind, value, tb):
+        if not issubclass(kind, KeyboardInterrupt):
+            return sys.__excepthook__(kind, value, tb)
+        stop()
+
+    def on_exit():   # a KeyboardInterrupt Python dropped (raised in a finaliser or an import lock's callback):
+        if got:      # the script ran on, but the signal is never lost
+            stop()
+
     for s in STOP_SIGNALS:
         signal.signal(s, on_signal)
     sys.excepthook = on_uncaught
+    atexit.register(on_exit)
     return got

@@ -156,8 +156,9 @@ builtins.print = lambda *a, **k: (open(os.environ["MARKER"], "w").close(), time.
 """
 
 
-# SIGINT slow (CI time): the same handler as SIGTERM's and SIGHUP's, which CI runs
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+# SIGINT, SIGHUP slow (CI time): the same handler as SIGTERM's, which CI runs
+@pytest.mark.parametrize("sig", [signal.SIGTERM] + [pytest.param(s, marks=pytest.mark.slow) for s in (signal.SIGHUP,
+                                                                                                     signal.SIGINT)])
 def test_every_script_stops_on_a_signal_with_one_line(world, sig):
     """Ctrl-C, SIGTERM or SIGHUP during start-up (torch's import) ends every script with exactly one line,
     '<script>: error: interrupted by <signal>', and 128 + n: once a traceback (sample.py while loading,

@@ -51,7 +51,7 @@ def test_requirements_admit_only_a_torch_with_public_fsdp2():
     """parallel.fully_shard_model imports fully_shard and MixedPrecisionPolicy from torch.distributed.fsdp, public
     from torch 2.6 (before: torch.distributed._composable.fsdp): requirements.txt must not admit an older torch."""
     line = next(l for l in open(os.path.join(ROOT, "requirements.txt")) if re.match(r"torch\b", l))
-    floor = tuple(int(v) for v in re.search(r">=\s*([\d.]+)", line).group(1).split("."))
+    floor = tuple(int(v) for v in re.search(r"[>=]=\s*([\d.]+)", line).group(1).split("."))   # >= or a pin
     assert floor >= (2, 6), line
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: F401
 
