@@ -468,17 +468,8 @@ def tables():
 
 
 def main():
-    ap = sweep.runner_parser(__doc__, "print the tables only, from the committed logs")
-    args = ap.parse_args()
-    os.chdir(sweep.ROOT)
-    if args.dry_run:
-        sweep.dry_run(all_jobs())
-        return
-    if not args.tables:
-        sweep.require_data("equalparam.py", [("shakespeare_char", "--dataset=shakespeare_char")])
-        run(args.workers)
-        read_finished(args.workers)
-    tables()
+    sweep.runner_main(__doc__, all_jobs, lambda workers: (run(workers), read_finished(workers)), tables,
+                      [("shakespeare_char", "--dataset=shakespeare_char")])
 
 
 if __name__ == "__main__":

@@ -421,6 +421,19 @@ def require_data(script, datasets):
             fail(f"data/{ds} not found; run python prepare.py {hint}".rstrip(), prog=script)
 
 
+def runner_main(doc, jobs, run, tables, datasets):
+    """The main of a runner with no options of its own (equalparam.py, alive.py): --dry-run lists jobs(), --tables
+    prints tables(); else the data is checked, run(workers) trains and reads what is missing, then tables()."""
+    args = runner_parser(doc, "print the tables only, from the committed logs").parse_args()
+    os.chdir(ROOT)
+    if args.dry_run:
+        return dry_run(jobs())
+    if not args.tables:
+        require_data(os.path.basename(sys.argv[0]), datasets)
+        run(args.workers)
+    tables()
+
+
 def dry_run(jobs):
     """--dry-run: each job's command, marked where its log is committed (the runner will skip it)."""
     for d, cmd in jobs:
