@@ -6,10 +6,13 @@ train.py (parallel.StopSignals) and prepare.py (its Interrupts) answer the same 
 a save at the end of the iteration; the old dataset kept. docs/TRAINING.md, "What happens on a crash".
 """
 
+import _thread
 import atexit
 import os
 import signal
 import sys
+import threading
+import time
 
 SIGNALLED = 128   # a script stopped by signal n exits with 128 + n, as a shell reports it
 # Ctrl-C; kill or a scheduler; a closed terminal or a dropped ssh session
@@ -26,7 +29,17 @@ def exit_on_signals(prog=None):
 
     def on_signal(signum, frame):
         got.append(signum)
+        if len(got) == 1:
+            threading.Thread(target=insist, daemon=True).start()
         raise KeyboardInterrupt
+
+    def insist():   # a library may swallow the KeyboardInterrupt (torch's import, a finaliser): raise it again
+        for _ in range(20):
+            time.sleep(0.5)
+            if not got:   # the script said it itself (sample.py)
+                return
+            _thread.interrupt_main(got[0])
+        stop()   # 10 s on and still running: leave
 
     def stop():
         n = got[0] if got else signal.SIGINT
@@ -38,9 +51,9 @@ def exit_on_signals(prog=None):
         sys.stderr.flush()
         os._exit(SIGNALLED + n)   # past the interpreter's exit: an uncaught exception's status is 1
 
-    def on_uncaught(kind, value, tb):
-        if not issubclass(kind, KeyboardInterrupt):
-            return sys.__excepthook__(kind, value, tb)
+    def on_uncaught(kind, value, tb):   # after a signal, whatever ends the script is the signal's doing: a library
+        if not got and not issubclass(kind, KeyboardInterrupt):   # may turn the KeyboardInterrupt into another
+            return sys.__excepthook__(kind, value, tb)            # error (matplotlib's import: a ValueError)
         stop()
 
     def on_exit():   # a KeyboardInterrupt Python dropped (raised in a finaliser or an import lock's callback):
