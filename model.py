@@ -274,8 +274,9 @@ class GatedModule(nn.Module):
         self.proj_in = nn.Linear(n_in * d, d, bias=False)   # W_in
         self.block = CausalAttnBlock(d, n_head, norm, attn)  # theta_L or theta_H, shared over steps
         self.proj_out = nn.Linear(d, d, bias=False)         # W_out
-        # injection scale, learned (the paper); learn_alpha=False holds it at 0.1 (docs/MODEL.md section 8)
-        alpha = torch.tensor(0.1)
+        # injection scale, learned (the paper); learn_alpha=False holds it at 0.1 (docs/MODEL.md section 8).
+        # a scalar kept as a 1-element vector (FSDP2 shards no 0-d tensor), read 0-d as alpha[0] (no float32 promotion)
+        alpha = torch.full((1,), 0.1)
         self.register_parameter("alpha", nn.Parameter(alpha)) if learn_alpha else self.register_buffer("alpha", alpha)
 
     def forward(self, z, context, rope, pos=0, cache=None, slot=0, attend=True):
@@ -283,7 +284,7 @@ class GatedModule(nn.Module):
         c = self.norm(torch.cat(context, dim=-1))   # Eq. concat; the RMSNorm over it: docs/MODEL.md section 2
         g = torch.sigmoid(self.gate(c))              # Eq. gate
         h = self.block(self.proj_in(c), rope, pos, cache, slot, attend)   # Eq. content
-        return g * z + (1 - g) * self.alpha * self.proj_out(h)             # Eq. lgate
+        return g * z + (1 - g) * self.alpha[0] * self.proj_out(h)         # Eq. lgate
 
 
 class FastModule(GatedModule):
@@ -315,12 +316,12 @@ class OutputFusion(nn.Module):
         super().__init__()
         self.norm_H, self.norm_L, self.norm_I = RMSNorm(d), RMSNorm(d), RMSNorm(d)
         self.gate = nn.Linear(3 * d, 3, bias=False)       # W_og
-        self.tau = nn.Parameter(torch.tensor(1.0))        # learned temperature
+        self.tau = nn.Parameter(torch.ones(1))            # learned temperature (read tau[0], as alpha)
         self.proj = nn.Linear(d, d, bias=False)           # before the tied logits (counted in P_out)
 
     def forward(self, z_H, z_L, x_tilde):
         h_H, h_L, h_I = self.norm_H(z_H), self.norm_L(z_L), self.norm_I(x_tilde)
-        w = torch.softmax(self.gate(torch.cat([h_H, h_L, h_I], dim=-1)) / self.tau, dim=-1)  # (B, n, 3)
+        w = torch.softmax(self.gate(torch.cat([h_H, h_L, h_I], dim=-1)) / self.tau[0], dim=-1)  # (B, n, 3)
         out = w[..., 0:1] * h_H + w[..., 1:2] * h_L + w[..., 2:3] * h_I                      # h_out
         return self.proj(out), w
 

@@ -27,8 +27,8 @@ from hrmlm.engine import KV_POLICIES, cache_slots, stream
 
 # -----------------------------------------------------------------------------
 init_from = "resume"         # "resume": the checkpoint in out_dir
-out_dir = "out"              # where train.py wrote ckpt.pt / ckpt_last.pt
-ckpt = "ckpt.pt"             # which checkpoint in out_dir: ckpt.pt (best val), ckpt_last.pt or an FSDP run's ckpt_last.dcp
+out_dir = "out"              # where train.py wrote ckpt.pt / ckpt_last.dcp
+ckpt = "ckpt.pt"             # which checkpoint in out_dir: ckpt.pt (best val) or ckpt_last.dcp (the last)
 start = "\n"                 # the prompt, or "FILE:path" to read it from a file
 num_samples = 3              # samples to draw
 max_new_tokens = 200         # tokens per sample

@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from hrmlm import data  # noqa: E402
 from hrmlm import engine  # noqa: E402
 from hrmlm import parallel  # noqa: E402
-from hrmlm.checkpoint import CKPT_BEST, CKPT_LAST, append_log, resume_path, start_run  # noqa: E402
+from hrmlm.checkpoint import CKPT_BEST, CKPT_LAST, append_log, start_run  # noqa: E402
 from hrmlm.common import DIVERGED, DTYPES, fail, fmt_time, precision_context, torch_line  # noqa: E402
 from configurator import configure  # noqa: E402
 from hrmlm.flops import counted_train_flops, device_peak_tflops  # noqa: E402
@@ -57,7 +57,7 @@ log_interval = 10            # print a progress line every this many iterations
 eval_iters = 200             # batches per split in an evaluation
 eval_only = False            # evaluate once and exit
 always_save_checkpoint = False  # save ckpt.pt at every eval, not only when val improves
-init_from = "scratch"        # "scratch", "resume" (out_dir/ckpt_last.pt), or a checkpoint or out_dir to start from
+init_from = "scratch"        # "scratch", "resume" (out_dir/ckpt_last.dcp), or a checkpoint or out_dir to start from
 overwrite = False            # a new run in an out_dir that holds one replaces its log and checkpoints
 max_nonfinite = 10           # stop after this many non-finite iterations in a row
 wandb_log = False            # also log each evaluation to Weights & Biases (pip install wandb; WANDB_MODE=offline works)
@@ -141,7 +141,9 @@ model_config = ModelConfig(**run.model_args)
 model = build_model(model_config)
 errors = run.load_weights(model)   # a single-file checkpoint's weights, before the model is moved and sharded
 model.to(device)
-params = parallel.fully_shard_model(model, DTYPES[dtype]) if fsdp else list(model.parameters())   # FSDP2: all state sharded
+if fsdp:
+    parallel.fully_shard_model(model, DTYPES[dtype])   # FSDP2: weights, gradients and AdamW state sharded
+params = list(model.parameters())
 # AdamW groups: matrices and the embedding (decayed); norms (and alpha, tau); with scalar_lr_mult != 1, alpha and
 # tau (one element each, also under FSDP) on their own, at that multiple of the lr
 scalars = [p for p in params if p.numel() == 1] if scalar_lr_mult != 1 else []
@@ -227,18 +229,17 @@ def estimate_loss(stop):
 def injection_scales():
     """HRM's alpha_L and alpha_H, logged at every evaluation: near 0, a shared block adds nothing to its state and
     the recurrence is off (tools/analyze.py measures what switching each block off costs; docs/RESULTS.md section 10).
-    Every rank calls it: under FSDP each alpha is a sharded 1-element vector (parallel._Scalar), gathered here."""
+    Every rank calls it: under FSDP each alpha is sharded (a DTensor), gathered here."""
     out = {}
     for key, m in (("alpha_L", getattr(raw_model, "L_net", None)), ("alpha_H", getattr(raw_model, "H_net", None))):
         if m is not None:
-            a = m.parametrizations.alpha.original if hasattr(m, "parametrizations") else m.alpha
-            out[key] = (a.full_tensor() if hasattr(a, "full_tensor") else a).sum().item()
+            out[key] = (m.alpha.full_tensor() if hasattr(m.alpha, "full_tensor") else m.alpha).item()
     return out
 
 
 def evaluate(lr, grad_norm, t_start, stop):
     """Evaluate, log (log.jsonl, wandb) and checkpoint at run.iter_num: ckpt.pt when val improves on the best
-    so far, ckpt_last.pt always. Every rank keeps the same best (the losses are global means) and takes part in
+    so far, ckpt_last.dcp always. Every rank keeps the same best (the losses are global means) and takes part in
     the saves. A signal stops the evaluation (run.eval_pending): the save it asks for then comes first."""
     it, t_eval = run.iter_num, time.time()
     losses = estimate_loss(stop)
@@ -280,7 +281,7 @@ def diverged(why):
 log(f"{arch}: {raw_model.num_params():,} parameters | {tokens_per_iter:,} tokens/iter "
     f"({gradient_accumulation_steps} x {batch_size} x {block_size}, {world_size} rank(s)) | "
     f"{dtype} | clip {clip:.4g} | {torch_line(device)}")
-signals = parallel.StopSignals(ranks)   # Ctrl-C / SIGTERM: save ckpt_last.pt at the end of the iteration
+signals = parallel.StopSignals(ranks)   # Ctrl-C / SIGTERM: save ckpt_last.dcp at the end of the iteration
 start_iter, t_start = run.iter_num, time.time()
 t0, t0_iter, bad_in_row = time.time(), run.iter_num, 0   # t0: the last progress line
 while True:  # Loop 1
@@ -298,7 +299,7 @@ while True:  # Loop 1
     if signals.requested():  # after (or during) the due evaluation, so a resume from here skips nothing
         if not eval_only:
             run.save(ckpt_last, raw_model, optimizer)
-        signals.exit(run.iter_num, saved=None if eval_only else resume_path(out_dir))
+        signals.exit(run.iter_num, saved=None if eval_only else ckpt_last)
 
     # Loop 2: forward/backward over this rank's share of the global micro-batches (rank r: r, r+W, r+2W, ...)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)

@@ -85,12 +85,12 @@ def reading(out_dir):
     """The committed alive.json of a run, computed once from its last checkpoint (None: not read, no checkpoint)."""
     path = alive_path(out_dir)
     if not os.path.exists(path):
-        if not sweep.finished(out_dir) or not os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
+        if not sweep.finished(out_dir) or not sweep.last_ckpt(out_dir):
             return None
         import torch
         from tools.analyze import alive, decode_ce, depth_table, load, slow_module_frozen, step_stats, val_batches, val_ce
         torch.set_num_threads(1)
-        model, ck = load(out_dir, "ckpt_last.pt", "cpu")
+        model, ck = load(out_dir, sweep.last_ckpt(out_dir), "cpu")
         if ck["iter_num"] != sweep.max_iters_of(sweep.facts(out_dir)["command"].split()):
             return None   # cut off before its last iteration
         batches = val_batches(ck, os.path.join(sweep.ROOT, "data"), 16, 4, model.config.block_size)
@@ -234,7 +234,7 @@ def hrm_dirs():
 
 def read_finished():
     for d in hrm_dirs():
-        if not os.path.exists(alive_path(d)) and os.path.exists(os.path.join(d, "ckpt_last.pt")):
+        if not os.path.exists(alive_path(d)) and sweep.last_ckpt(d):
             print(f"reading {d}", flush=True)
             reading(d)
 

@@ -85,7 +85,8 @@ def measure_worker(out_dir):
     from hrmlm.common import timed
     from model import ModelConfig, build_model
     torch.set_num_threads(1)
-    ck = torch.load(os.path.join(out_dir, "ckpt_last.pt"), map_location="cpu", weights_only=True)
+    from hrmlm.checkpoint import read_info
+    ck = read_info(os.path.join(out_dir, sweep.last_ckpt(out_dir)))
     cfg, args = ck["config"], ck["model_args"]
     torch.manual_seed(0)
     model = build_model(ModelConfig(**args)).train()
@@ -109,7 +110,7 @@ def measured(out_dir):
     beside its log (experiments/logs/beyond/<variant>/s<seed>/measure.json); None without either."""
     path = os.path.join(ROOT, sweep.log_dir(out_dir), "measure.json")
     if not os.path.exists(path):
-        if not os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
+        if not sweep.last_ckpt(out_dir):
             return None
         env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536")
         p = subprocess.run([sys.executable, os.path.abspath(__file__), f"--_measure={out_dir}"],

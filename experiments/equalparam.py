@@ -223,7 +223,7 @@ def read_finished(workers):
         for d, cmd in all_jobs():
             if d.split(os.sep)[1] != name or not sweep.finished(d) or os.path.exists(sweep.analysis_path(d)):
                 continue
-            if os.path.exists(os.path.join(d, "ckpt_last.pt")):
+            if sweep.last_ckpt(d):
                 print(f"reading {d}", flush=True)
                 sweep.analysis(d)
             elif d in chosen_dirs(name):

@@ -24,7 +24,7 @@ variant is timed with fresh weights of its runs' shape: no checkpoint needed.
 
 Checkpoints are not committed, so a run whose reading (kv.json beside its log) is missing is trained again
 (deterministic on CPU; only a rerun that reproduces its committed log is read), as long_run.py does. The
-reading is of the model after the last iteration (ckpt_last.pt), whose CE the other tables report.
+reading is of the model after the last iteration (ckpt_last.dcp), whose CE the other tables report.
 """
 
 import json
@@ -88,7 +88,7 @@ def read(out_dir):
     import torch
     from tools.analyze import kv_table, load, val_batches
     torch.set_num_threads(1)
-    model, ck = load(out_dir, "ckpt_last.pt", "cpu", ("hrm", "unitf"))
+    model, ck = load(out_dir, sweep.last_ckpt(out_dir), "cpu", ("hrm", "unitf"))
     if ck["iter_num"] != sweep.max_iters_of(sweep.facts(out_dir)["command"].split()):
         return   # cut off before its last iteration: nothing to read yet
     batches = val_batches(ck, os.path.join(sweep.ROOT, "data"), 16, 4, model.config.block_size)

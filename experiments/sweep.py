@@ -166,15 +166,21 @@ def final_val(out_dir):
     return v if v is not None and math.isfinite(v) else math.inf
 
 
+def last_ckpt(out_dir):
+    """The name of the run's resume state in out_dir: ckpt_last.dcp, or the ckpt_last.pt of a run made before it;
+    None where there is neither."""
+    return next((n for n in ("ckpt_last.dcp", "ckpt_last.pt") if os.path.exists(os.path.join(out_dir, n))), None)
+
+
 def model_facts(out_dir):
     """Stored parameters and counted training FLOPs per token, from the run's checkpoint."""
     import torch
+    from hrmlm.checkpoint import read_info
     from hrmlm.flops import counted_train_flops
     from model import ModelConfig, build_model
-    path = os.path.join(out_dir, "ckpt_last.pt")
-    if not os.path.exists(path):
+    if not last_ckpt(out_dir):
         return {}
-    ck = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    ck = read_info(os.path.join(out_dir, last_ckpt(out_dir)))
     cfg, c = ModelConfig(**ck["model_args"]), ck["config"]
     with torch.device("meta"):
         params = build_model(cfg).num_params()
@@ -283,7 +289,7 @@ def run_all(jobs, workers, rerun=False):
                     if claim:
                         claim.close()
                     continue
-                if os.path.exists(os.path.join(out_dir, "ckpt_last.pt")):
+                if last_ckpt(out_dir):
                     cmd = cmd + ["--init_from=resume"]     # exact resume of a run cut off by a stop
                 else:
                     cmd = cmd + ["--overwrite=True"]       # cut before its first checkpoint: start over
@@ -385,9 +391,9 @@ def claim_run(out_dir):
 def kept_rerun(out_dir, cmd):
     """True where out_dir already holds what a rerun would make: a checkpoint of the last iteration (say, from a
     rerun whose reading a stop cut off) and a log that reproduces the committed one."""
-    path = os.path.join(out_dir, "ckpt_last.pt")
-    if not os.path.exists(path) or train_running(out_dir):
+    if not last_ckpt(out_dir) or train_running(out_dir):
         return False
+    path = os.path.join(out_dir, last_ckpt(out_dir))
     from hrmlm.checkpoint import read_info
     try:
         done = read_info(path)["iter_num"] == max_iters_of(cmd)
@@ -695,15 +701,15 @@ def analysis(out_dir):
     beside its log (experiments/logs/.../analysis.json): for HRM the Slow-module ablation (CE with z_H frozen at
     z_H0), z_H's drift from z_H0 and the fusion weights (analyze.py's HLRole A-C); for HRM and UniTF, val CE
     at 0.5x to 4x the trained depth (analyze.py --depth). None where neither exists. They read the model
-    after the last iteration (ckpt_last.pt), whose CE the tables report, not the best one (ckpt.pt)."""
+    after the last iteration (ckpt_last.dcp), whose CE the tables report, not the best one (ckpt.pt)."""
     path = analysis_path(out_dir)
     if not os.path.exists(path):
-        if not os.path.exists(os.path.join(out_dir, "ckpt_last.pt")) or not finished(out_dir):
+        if not last_ckpt(out_dir) or not finished(out_dir):
             return None     # nothing to read, or a run still training (its log is not committed yet)
         import torch
         from tools.analyze import depth_table, load, slow_module_frozen, step_stats, val_batches, val_ce
         torch.set_num_threads(1)
-        model, ck = load(out_dir, "ckpt_last.pt", "cpu", ("hrm", "unitf"))
+        model, ck = load(out_dir, last_ckpt(out_dir), "cpu", ("hrm", "unitf"))
         if ck["iter_num"] != max_iters_of(facts(out_dir)["command"].split()):
             return None     # a run cut off (or rerun and cut off) before its last iteration: nothing to read yet
         batches = val_batches(ck, os.path.join(ROOT, "data"), 16, 4, model.config.block_size)

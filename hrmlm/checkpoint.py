@@ -1,9 +1,9 @@
 """
 The run folder (out_dir) train.py writes and sample.py, analyze.py and plot.py read:
 
-    out_dir/ckpt_last.pt   everything a resume needs (weights, AdamW state, settings, iteration), every eval
-    out_dir/ckpt_last.dcp/ the same, for an FSDP run: a torch.distributed.checkpoint folder that every rank writes
-                           its own shards into (no rank gathers the model); any world size, or one process, reads it
+    out_dir/ckpt_last.dcp/ everything a resume needs (weights, AdamW state, settings, iteration), every eval: a
+                           torch.distributed.checkpoint folder that each rank (or the one process) writes its own
+                           shards into (no rank gathers the model); any world size, or one process, reads it
     out_dir/ckpt.pt        the best model so far (weights and settings only, for sampling)
     out_dir/log.jsonl      one JSON line per evaluation
     out_dir/.lock          held (flock) by the train.py run using the folder
@@ -11,14 +11,15 @@ The run folder (out_dir) train.py writes and sample.py, analyze.py and plot.py r
 Each function takes what it needs as arguments, so every script (and a test) can use it alone:
   take_out_dir     lock the folder and refuse to mix two runs in it
   finished_run     whether the folder holds a finished run of these very settings (nothing to do)
-  save_checkpoint  atomic (common.atomic_write: a temporary beside the target, fsync, os.replace); a full disk is one line
+  save_checkpoint  ckpt.pt, atomic (common.atomic_write: a temporary beside it, fsync, os.replace); a full disk is one line
   save_sharded, load_sharded  ckpt_last.dcp: written by every rank at once, read at any world size
+                   (a ckpt_last.pt of older code is still read, and replaced by ckpt_last.dcp at the first save)
   load_checkpoint  weights_only=True (no pickled code runs), one-line errors; model_from_checkpoint
   find_checkpoint  init_from=<file or out_dir>: the checkpoint a new run starts from
   check_resume     what differs between a checkpoint and the settings of the run resuming it
   append_log, trim_log, read_log
   start_run, Run   train.py's run: every check before work, one line per problem; what a resume restores
-                   (load_weights, restore); the saves of ckpt.pt and ckpt_last.pt (save)
+                   (load_weights, restore); the saves of ckpt.pt and ckpt_last.dcp (save)
 """
 
 import fcntl
@@ -39,11 +40,11 @@ import torch
 
 from hrmlm import parallel
 from hrmlm.common import IO_ERROR, atomic_write, fail, one_line
-from hrmlm.parallel import canonical
 from model import MODEL_FIELDS, ModelConfig, build_model
 
-CKPT_BEST, CKPT_LAST, CKPT_LAST_DCP, LOG, LOCK = "ckpt.pt", "ckpt_last.pt", "ckpt_last.dcp", "log.jsonl", ".lock"
-RUN_FILES = (LOG, CKPT_BEST, CKPT_LAST, CKPT_LAST_DCP)   # what makes a folder hold a run
+CKPT_BEST, CKPT_LAST, LOG, LOCK = "ckpt.pt", "ckpt_last.dcp", "log.jsonl", ".lock"
+OLD_LAST = "ckpt_last.pt"   # older code's single-file resume state: read, never written
+RUN_FILES = (LOG, CKPT_BEST, CKPT_LAST, OLD_LAST)   # what makes a folder hold a run
 DCP_META = "meta.pt"   # in ckpt_last.dcp: everything but the tensors (settings, iteration, AdamW's hyperparameters)
 # Settings a resume must keep: they decide which tokens each iteration sees and how val is measured, so
 # changing them breaks exact resume. The others (max_iters, the learning-rate schedule, ...) may change.
@@ -80,7 +81,7 @@ def take_out_dir(out_dir, init_from, overwrite, eval_only):
         lock.flush()
     except OSError as e:   # a full disk: the lock is held, its note cannot be written; nothing else was touched
         return None, f"cannot use out_dir {out_dir!r}: {e.strerror or e}; {intact(out_dir)}"
-    dcp = os.path.join(out_dir, CKPT_LAST_DCP)
+    dcp = os.path.join(out_dir, CKPT_LAST)
     if not os.path.exists(dcp) and os.path.isdir(dcp + ".tmp.old"):   # killed between save_sharded's two renames
         os.replace(dcp + ".tmp.old", dcp)
     for name in os.listdir(out_dir):  # temporaries of a save that crashed or was killed: we hold the lock
@@ -109,16 +110,10 @@ def remove(path):
 
 
 def resume_path(out_dir):
-    """The checkpoint --init_from=resume reads: ckpt_last.dcp (an FSDP run's) where it exists, else ckpt_last.pt.
-    A save of either removes the other, so a folder holds one, unless a kill came between the save and the
-    removal: then the later of the two (by iteration; a tie or an unreadable one: the folder's)."""
-    dcp, pt = os.path.join(out_dir, CKPT_LAST_DCP), os.path.join(out_dir, CKPT_LAST)
-    if os.path.isdir(dcp) and os.path.isfile(pt):
-        try:
-            return pt if read_info(pt)["iter_num"] > read_info(dcp)["iter_num"] else dcp
-        except Exception:   # a damaged one: loading it says which
-            return dcp
-    return dcp if os.path.isdir(dcp) else pt
+    """The checkpoint --init_from=resume reads: ckpt_last.dcp, else an older run's ckpt_last.pt (the first save of
+    ckpt_last.dcp removes it: a kill in between leaves both, and the folder is the later)."""
+    dcp, pt = os.path.join(out_dir, CKPT_LAST), os.path.join(out_dir, OLD_LAST)
+    return pt if os.path.isfile(pt) and not os.path.isdir(dcp) else dcp
 
 
 def read_info(path):
@@ -152,16 +147,16 @@ def stop_on_write_error(what, iter_num, e, out_dir, prog="train.py", show=True):
 
 def find_checkpoint(path):
     """init_from=<path>: the checkpoint file itself, or in a train.py out_dir its ckpt.pt (the best model),
-    else its ckpt_last.pt. ValueError (one line) where there is none."""
+    else its ckpt_last.dcp (or older code's ckpt_last.pt). ValueError (one line) where there is none."""
     if os.path.isfile(path):
         return path
     if os.path.isfile(os.path.join(path, DCP_META)):   # an FSDP run's ckpt_last.dcp itself
         return path
-    for name in (CKPT_BEST, CKPT_LAST, CKPT_LAST_DCP):
+    for name in (CKPT_BEST, CKPT_LAST, OLD_LAST):
         if os.path.exists(os.path.join(path, name)):
             return os.path.join(path, name)
     raise ValueError(f"init_from={path!r} is neither 'scratch', 'resume', a checkpoint file nor a folder holding "
-                     f"{CKPT_BEST}, {CKPT_LAST} or {CKPT_LAST_DCP}")
+                     f"{CKPT_BEST} or {CKPT_LAST}")
 
 
 def finished_run(out_dir, config):
@@ -217,7 +212,7 @@ def verify(path, ckpt):
 
 
 def save_checkpoint(path, ckpt):
-    """Write ckpt to path atomically: a temporary file beside it, fsync, then os.replace, so a kill mid-save
+    """Write ckpt (ckpt.pt) to path atomically: a temporary file beside it, fsync, then os.replace, so a kill mid-save
     leaves the previous file intact. A failed save (a full disk: OSError, or torch's zip writer's
     RuntimeError) removes its temporary and stops the run with one line (stop_on_write_error)."""
     ckpt = dict(ckpt, checksums=checksums({k: ckpt[k] for k in ("model", "optimizer") if k in ckpt}))
@@ -226,13 +221,6 @@ def save_checkpoint(path, ckpt):
             torch.save(ckpt, f)
     except (OSError, RuntimeError) as e:
         stop_on_write_error(f"save {path}", ckpt.get("iter_num"), e, os.path.dirname(path))
-    other = os.path.join(os.path.dirname(path), CKPT_LAST_DCP)
-    if os.path.basename(path) == CKPT_LAST and os.path.exists(other):   # an FSDP run resumed without FSDP
-        try:
-            shutil.rmtree(other)
-        except OSError as e:   # saved; a resume takes the later of the two (resume_path), so the run goes on
-            print(f"note: saved {path}, but cannot remove the older {other} ({e.strerror or e}); a resume reads "
-                  f"the later one, {CKPT_LAST}", file=sys.stderr, flush=True)
 
 
 def load_checkpoint(path):
@@ -254,6 +242,8 @@ def load_checkpoint(path):
     if not isinstance(ckpt, dict) or not {"model", "model_args"} <= ckpt.keys() and "sharded" not in ckpt:
         raise ValueError(f"{path} is not a train.py checkpoint (no 'model' and 'model_args' entries)")
     verify(path, ckpt)
+    if "model" in ckpt:   # older code kept alpha and tau 0-d; model.py keeps them as 1-element vectors
+        ckpt["model"] = {k: v.reshape(1) if v.dim() == 0 else v for k, v in ckpt["model"].items()}
     return ckpt
 
 
@@ -292,39 +282,38 @@ def model_from_checkpoint(ckpt, path="the checkpoint"):
     return model
 
 
-# --- ckpt_last.dcp: an FSDP run's resume state, sharded --------------------------------------------------
+# --- ckpt_last.dcp: the resume state, sharded (one shard file in one process) -------------------------------
 
-def _as_saved(model_sd, optim_sd):
-    """The tensors of a state dict as ckpt_last.dcp keeps them: one process's names, and alpha, tau and their
-    AdamW moments as 1-element vectors (FSDP's shape; 'step' stays 0-d)."""
-    vec = lambda t: t.reshape(1) if t.dim() == 0 else t  # noqa: E731
-    out = {"model": {canonical(k): vec(v) for k, v in model_sd.items()}}
-    if optim_sd is not None:
-        out["optimizer"] = {canonical(k): {m: t if m == "step" else vec(t) for m, t in st.items()}
-                            for k, st in optim_sd["state"].items()}
-    return out
+def _dist():
+    """(rank, world size, barrier) of torchrun's process group, or of the one process."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), dist.barrier
+    return 0, 1, lambda: None
 
 
 def save_sharded(path, model, optimizer, info, master):
     """ckpt_last.dcp: every rank writes its own shards of the weights and AdamW state at once
     (torch.distributed.checkpoint), so no rank gathers the model and each writes 1/W of it; rank 0 adds
-    meta.pt (info: settings, iteration, AdamW's hyperparameters). Written into path.tmp, then swapped in;
-    a single-file ckpt_last.pt beside it is removed (a folder holds one resume state). Every rank calls it."""
+    meta.pt (info: settings, iteration, AdamW's hyperparameters; each file's checksum). Written into path.tmp,
+    then swapped in; an older run's ckpt_last.pt beside it is removed. Every rank calls it."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
     tmp, old = path + ".tmp", path + ".tmp.old"
+    rank, world, barrier = _dist()
     try:
         if master and os.path.exists(tmp):
             shutil.rmtree(tmp)
-        dist.barrier()
+        barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save(_as_saved(model_sd, optim_sd), checkpoint_id=tmp)   # a collective: every rank's files, then .metadata
-        rank = dist.get_rank() if dist.is_initialized() else 0   # each rank's checksums of its own files
+        with warnings.catch_warnings():   # one process writing its one shard file is what we mean
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp.save({"model": model_sd, "optimizer": optim_sd["state"]}, checkpoint_id=tmp, no_dist=world == 1)
         sums = [{n: file_crc(os.path.join(tmp, n)) for n in os.listdir(tmp) if n.startswith(f"__{rank}_")}]
-        if dist.is_initialized():   # to the master, which writes them into meta.pt
-            sums, mine = [None] * dist.get_world_size(), sums[0]
+        if world > 1:   # each rank's checksums of its own files, to the master, which writes them into meta.pt
+            sums, mine = [None] * world, sums[0]
             dist.all_gather_object(sums, mine)
         if master:
             groups = [{k: v for k, v in g.items() if k != "params"} for g in optim_sd["param_groups"]]
@@ -336,10 +325,12 @@ def save_sharded(path, model, optimizer, info, master):
             if os.path.exists(path):   # the old one leaves only once the new one is whole
                 os.replace(path, old)
             os.replace(tmp, path)
-            for stale in (old, os.path.join(os.path.dirname(path), CKPT_LAST)):
-                if os.path.exists(stale):
+            for stale in (old, os.path.join(os.path.dirname(path), OLD_LAST)):
+                try:
                     remove(stale)
-        dist.barrier()
+                except OSError:   # absent, or it cannot go (read-only): harmless, a resume reads ckpt_last.dcp
+                    pass
+        barrier()
     except (OSError, RuntimeError, CheckpointException) as e:   # the last: dcp's, a BaseException
         if isinstance(e, CheckpointException):
             e = next(iter(e.failures.values()), (e,))[0]   # {rank: (exception, its traceback)}
@@ -360,25 +351,26 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
                                                          set_state_dict)
     try:
         if optimizer is None:
-            model_sd, optim_sd = get_model_state_dict(model), None
+            model_sd, optim_sd = get_model_state_dict(model), {"state": {}}
         else:
             model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = _as_saved(model_sd, optim_sd)
         if not os.path.isfile(os.path.join(path, ".metadata")):   # written last: the save did not finish
             raise ShardError(f"{path}: its .metadata (the index of its shards) is missing; resume from an "
                              f"intact checkpoint")
+        state = {"model": model_sd} | ({"optimizer": optim_sd["state"]} if optimizer is not None else {})
         logging.disable(logging.ERROR)   # dcp logs each failure with a traceback; the line below is the one
         try:
-            with warnings.catch_warnings():   # one process reading shards is what we mean
+            with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "torch.distributed is disabled")
-                dcp.load(state, checkpoint_id=path)   # in place, into this rank's tensors (or their 1-element views)
+                dcp.load(state, checkpoint_id=path, no_dist=_dist()[1] == 1)   # in place, into this rank's tensors
         except CheckpointException as e:        # a BaseException: a shard missing, truncated or foreign
-            why = next(iter(e.failures.values()), (e,))   # {rank: (exception, its traceback)}
-            raise ShardError(f"{path}: cannot read a shard or its index ({one_line(why[0], 200)}): one is "
+            why = next(iter(e.failures.values()), (e,))[0]   # {rank: (exception, its traceback)}
+            if isinstance(why, (ValueError, RuntimeError)):   # the planner's: a tensor missing or of another shape
+                raise ValueError(f"{path} does not fit this model: {one_line(why, 200)}") from None
+            raise ShardError(f"{path}: cannot read a shard or its index ({one_line(why, 200)}): one is "
                              f"missing or damaged; resume from an intact checkpoint") from None
         finally:
             logging.disable(logging.NOTSET)
-        model_sd = {k: state["model"][canonical(k)].reshape(v.shape) for k, v in model_sd.items()}
         bad = nonfinite_tensors({k: getattr(v, "_local_tensor", v) for k, v in model_sd.items()})
         if bad:
             raise ValueError(f"non-finite weights ({', '.join(bad[:3])}); use an earlier checkpoint or start again")
@@ -387,9 +379,7 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
         if len(param_groups) != len(optim_sd["param_groups"]):
             raise ValueError(f"it holds {len(param_groups)} AdamW parameter groups, this run has "
                              f"{len(optim_sd['param_groups'])} (scalar_lr_mult != 1 adds one)")
-        optim_sd = {"state": {k: {m: state["optimizer"][canonical(k)][m].reshape(t.shape) for m, t in st.items()}
-                              for k, st in optim_sd["state"].items()},
-                    "param_groups": [dict(saved, params=g["params"]) for saved, g in zip(param_groups, optim_sd["param_groups"])]}
+        optim_sd["param_groups"] = [dict(saved, params=g["params"]) for saved, g in zip(param_groups, optim_sd["param_groups"])]
         set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
         check_optimizer_fits(optimizer)
     except ShardError:
@@ -402,58 +392,41 @@ class ShardError(ValueError):
     """A sharded checkpoint's shard that cannot be read (missing, truncated): load_sharded says so as it is."""
 
 
-# --- single-file state under DDP/FSDP: ckpt.pt's full weights, an old ckpt_last.pt's AdamW state ----------
-
-def _param_order(model, optimizer):
-    """Parameter names in the optimizer's order: the positions of torch's optimizer state dict."""
+def load_optimizer_state(model, optimizer, osd, path):
+    """An older run's ckpt_last.pt's AdamW state (torch's positional format; alpha's and tau's moments 0-d) into this
+    run's optimizer, at any world size: positions become parameter names, which set_optimizer_state_dict shards
+    where FSDP is on. ValueError (one line) where it does not fit: other parameter groups, or other shapes."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     names = {id(p): n for n, p in model.named_parameters()}
-    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-
-
-def _rekey(osd, key, scalar_shape):
-    """An optimizer state dict with each parameter key p replaced by key(p) (positions <-> FSDP's names), the
-    AdamW moments of alpha and tau reshaped to scalar_shape ((1,) in an FSDP run, () in checkpoints)."""
-    def moments(name, v):
-        return {k: t.reshape(scalar_shape) if canonical(name) != name and k != "step" else t for k, t in v.items()}
-    return {"state": {key(p): moments(p if isinstance(p, str) else key(p), v) for p, v in osd["state"].items()},
-            "param_groups": [dict(g, params=[key(p) for p in g["params"]]) for g in osd["param_groups"]]}
-
-
-def load_optimizer_state(model, optimizer, osd, fsdp, path):
-    """A single-file checkpoint's optimizer state (torch's positional format) into this run's optimizer; under
-    FSDP positions become parameter names, which set_optimizer_state_dict shards to each rank. ValueError (one
-    line) where it does not fit: other parameter groups, or moments of other shapes."""
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    vec = lambda k, t: t.reshape(1) if t.dim() == 0 and k != "step" else t  # noqa: E731
     try:
-        if not fsdp:
-            optimizer.load_state_dict(osd)
-        else:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-            order = _param_order(model, optimizer)
-            set_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True),
-                                     optim_state_dict=_rekey(osd, order.__getitem__, (1,)))
+        osd = {"state": {order[i]: {k: vec(k, t) for k, t in st.items()} for i, st in osd["state"].items()},
+               "param_groups": [dict(g, params=[order[i] for i in g["params"]]) for g in osd["param_groups"]]}
+        set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
         check_optimizer_fits(optimizer)
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
         raise ValueError(f"{path}: its optimizer state does not fit this model: {one_line(e)}") from None
 
 
-def restore_state(model, optimizer, ckpt, path, resume, fsdp):
+def restore_state(model, optimizer, ckpt, path, resume):
     """What train.py applies once the model and optimizer exist: a sharded checkpoint's weights (and, to resume,
-    its AdamW state and hyperparameters), or a single file's AdamW state (its weights were loaded before
-    sharding), each dropped from ckpt once applied. ValueError (one line) where it does not fit."""
+    its AdamW state and hyperparameters), or an older single file's AdamW state (its weights were loaded before
+    sharding). ValueError (one line) where it does not fit."""
     if "sharded" in ckpt:
         load_sharded(path, model, optimizer if resume else None, ckpt.get("param_groups"))
     elif resume:
-        load_optimizer_state(model, optimizer, ckpt.pop("optimizer"), fsdp, path)
+        load_optimizer_state(model, optimizer, ckpt.pop("optimizer"), path)
 
 
 def full_weights(model, ranks, fsdp):
     """The model's weights as one process holds them (ckpt.pt), on the master (None elsewhere). Under FSDP every
-    rank must call this (it gathers the shards, to the master's CPU); names and alpha, tau 0-d as one process's."""
+    rank must call this (it gathers the shards, to the master's CPU)."""
     if not fsdp:
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {canonical(k): v.reshape(()) if canonical(k) != k else v for k, v in sd.items()} if ranks.master else None
+    return sd if ranks.master else None
 
 
 def check_resume(ckpt, path, model_args, config, meta):
@@ -483,7 +456,7 @@ def check_resume(ckpt, path, model_args, config, meta):
                       "; use the checkpoint's settings, or start a new run in another out_dir")
     if "optimizer" not in ckpt and "sharded" not in ckpt:
         errors.append(f"{path} holds no optimizer state, so training cannot resume from it exactly "
-                      f"(ckpt.pt is the weights-only copy for sampling; resume from ckpt_last.pt)")
+                      f"(ckpt.pt is the weights-only copy for sampling; resume from ckpt_last.dcp)")
     bad = nonfinite_tensors(ckpt.get("model", {}))   # a sharded one: load_sharded checks its pieces
     if bad:
         errors.append(f"{path} has non-finite weights ({', '.join(bad[:3])}); it cannot train; use an earlier "
@@ -556,7 +529,7 @@ def read_log(out_dir):
 
 @dataclass
 class Run:
-    """A train.py run whose every check has passed. The counters at the end are what ckpt_last.pt keeps and a
+    """A train.py run whose every check has passed. The counters at the end are what ckpt_last.dcp keeps and a
     resume continues; the rest is fixed for the run."""
     config: dict             # the settings (micro-batches fitted to the world size; vocab_size the dataset's)
     ranks: object            # parallel.Ranks: this process among torchrun's (or alone)
@@ -581,20 +554,18 @@ class Run:
         return self.config["init_from"] == "resume"
 
     def save(self, path, model, optimizer):
-        """ckpt.pt (the best model, for sampling) holds the weights and settings; ckpt_last.pt (for resume) also
-        the AdamW state and the counters: one file the master writes atomically, or under FSDP ckpt_last.dcp, the
-        shards every rank writes at once. Every rank calls it (FSDP gathers ckpt.pt's weights to the master)."""
+        """ckpt.pt (the best model, for sampling) holds the weights and settings, one file the master writes
+        atomically; ckpt_last.dcp (for resume) also the AdamW state and the counters, the shards every rank writes at
+        once. Every rank calls it (FSDP gathers ckpt.pt's weights to the master)."""
         c, master, fsdp = self.config, self.ranks.master, self.config["fsdp"]
         info = {"model_args": self.model_args, "config": c, "iter_num": self.iter_num,
                 "best_val_loss": self.best_val_loss, "best_iter": self.best_iter, "meta": self.meta}
-        last = os.path.basename(path) == CKPT_LAST
-        if last:
+        if os.path.basename(path) == CKPT_LAST:
             info.update(skipped_total=self.skipped_total, eval_pending=self.eval_pending, grad_norm=self.grad_norm)
-            if fsdp:
-                return save_sharded(os.path.join(c["out_dir"], CKPT_LAST_DCP), model, optimizer, info, master)
+            return save_sharded(path, model, optimizer, info, master)
         model_sd = full_weights(model, self.ranks, fsdp) if master or fsdp else None   # FSDP: a collective
         if master:
-            save_checkpoint(path, dict(info, model=model_sd, **({"optimizer": optimizer.state_dict()} if last else {})))
+            save_checkpoint(path, dict(info, model=model_sd))
 
     def load_weights(self, model):
         """A single-file checkpoint's weights into the model (before it is moved or sharded), dropped from the
@@ -613,7 +584,7 @@ class Run:
         c, master = self.config, self.ranks.master
         if self.ckpt is not None and not errors:
             try:
-                restore_state(model, optimizer, self.ckpt, self.source, self.resume, c["fsdp"])
+                restore_state(model, optimizer, self.ckpt, self.source, self.resume)
                 if self.resume and master:
                     trim_log(c["out_dir"], self.ckpt["iter_num"])
             except ValueError as e:
@@ -696,15 +667,9 @@ def start_run(config):
                                          c["overwrite"], c["eval_only"])
         errors += [problem] if problem else []
     parallel.stop_on_errors(errors, ranks)
-    if c["init_from"] != "scratch":   # every rank loads it: ckpt_last.pt to resume, or the weights a new run starts from
+    if c["init_from"] != "scratch":   # every rank loads it: ckpt_last.dcp to resume, or the weights a new run starts from
         try:
             run.source = resume_path(out_dir) if resume else find_checkpoint(c["init_from"])
-            for other in (os.path.join(out_dir, n) for n in (CKPT_LAST, CKPT_LAST_DCP)) if resume else ():
-                try:   # the other resume state, left by a kill between a save and its removal: say why not it
-                    if os.path.exists(other) and other != run.source:
-                        read_info(other)
-                except Exception as e:
-                    notes.append(f"note: {other} cannot be read ({one_line(e, 120)}); resuming from {run.source}")
             run.ckpt = load_checkpoint(run.source)
         except ValueError as e:
             errors.append(str(e))

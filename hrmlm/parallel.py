@@ -175,30 +175,12 @@ class StopSignals:
 
 # --- DDP and FSDP2 ---------------------------------------------------------------------------------------
 
-def canonical(name):
-    """One process's name for an FSDP parameter or state-dict key ('L_net.parametrizations.alpha.original' is
-    'L_net.alpha'; parallel.fully_shard_model): checkpoints use these names, so every world size reads them."""
-    return name.replace("parametrizations.", "").replace(".original", "")
-
-
 def shard_units(model):
     """The modules FSDP shards and gathers one at a time: each block with its own projections; the rest
     (embedding, fusion, norms) is the root unit."""
     if isinstance(model, HRM):
         return [m for m in (model.input_block, model.L_net, model.H_net) if m is not None]
     return list(model.blocks) if isinstance(model, Transformer) else [model.block]
-
-
-class _Scalar(nn.Module):
-    """alpha and tau under FSDP: stored as a 1-element vector (fully_shard takes no 0-d parameter) and read 0-d
-    by the model, so they promote nothing: a (1,) float32 tensor times bf16 activations is float32, a 0-d one
-    leaves them bf16, as in one process."""
-
-    def forward(self, x):
-        return x.reshape(())
-
-    def right_inverse(self, x):
-        return x.reshape(1)
 
 
 def fully_shard_model(model, dtype=torch.float32):
@@ -210,15 +192,8 @@ def fully_shard_model(model, dtype=torch.float32):
     what autocast's weight cache makes of it in one process (a shared weight cast once for all M steps, its M
     gradients summed in bf16, then float32); the norms, embedding and scalars stay float32, where autocast keeps
     them; every gradient is reduced in float32. So FSDP gives DDP's numbers: gradients 1e-7 apart relative
-    (tests/dist_equality.py; docs/TRAINING.md, "bf16 under DDP and FSDP").
-    Returns the parameters in one process's order (alpha and tau are re-registered by _Scalar, which moves
-    them), so the optimizer's positions are a single process's."""
+    (tests/dist_equality.py; docs/TRAINING.md, "bf16 under DDP and FSDP")."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard   # public since torch 2.6
-    from torch.nn.utils import parametrize
-    order = [n for n, _ in model.named_parameters()]
-    for name in [n for n, p in model.named_parameters() if p.dim() == 0]:
-        owner, _, attr = name.rpartition(".")
-        parametrize.register_parametrization(model.get_submodule(owner), attr, _Scalar(), unsafe=True)
     fp32 = MixedPrecisionPolicy(reduce_dtype=torch.float32)
     low = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     reshard = isinstance(model, Transformer)
@@ -228,8 +203,6 @@ def fully_shard_model(model, dtype=torch.float32):
             fully_shard(linears, mp_policy=low, reshard_after_forward=reshard)
         fully_shard(unit, mp_policy=fp32, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=fp32)
-    by_name = {canonical(n): p for n, p in model.named_parameters()}
-    return [by_name[n] for n in order]
 
 
 def compile_model(model, depths=1, backend="inductor"):

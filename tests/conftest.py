@@ -42,7 +42,7 @@ TINY_README = [*CPU, *TINY_MODEL, "--batch_size=2", "--max_iters=2", "--eval_int
 
 
 def char_tiny(out, *extra):
-    """train.py arguments for the character HRM (config/char_hrm.py) at tiny sizes, d=16 (ckpt_last.pt: 251 KB):
+    """train.py arguments for the character HRM (config/char_hrm.py) at tiny sizes, d=16 (ckpt_last.dcp: 495 KB):
     the config file, then the sizes and the out_dir again (the file sets its own, over run_train's TINY), then
     extra."""
     return ["config/char_hrm.py", "--n_embd=16", "--n_head=2", "--block_size=32", "--batch_size=4", "--eval_iters=4",
@@ -108,6 +108,40 @@ def save_ckpt(ck, path):
     import torch
     from hrmlm.checkpoint import checksums
     torch.save(dict(ck, checksums=checksums({k: ck[k] for k in ("model", "optimizer") if k in ck})), path)
+
+
+def last_state(out_dir):
+    """out_dir's resume state (ckpt_last.dcp) as one dict, as older code's ckpt_last.pt held it: meta.pt's entries,
+    "model" (one process's weights) and "optimizer" ({"state": {parameter name: its AdamW moments}, "param_groups":
+    AdamW's hyperparameters, from meta.pt})."""
+    import tempfile
+    import warnings
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    path = os.path.join(out_dir, "ckpt_last.dcp")
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # "torch.distributed is disabled": one process reading is what we mean
+        dcp_to_torch_save(path, os.path.join(tmp, "state.pt"))
+        sd = torch.load(os.path.join(tmp, "state.pt"), weights_only=True)
+    meta = torch.load(os.path.join(path, "meta.pt"), weights_only=True)
+    return dict(meta, model=sd["model"], optimizer={"state": sd["optimizer"], "param_groups": meta["param_groups"]})
+
+
+def save_last(state, out_dir):
+    """Write a last_state() dict (a test's damaged copy) as out_dir/ckpt_last.dcp, with the checksums of the files
+    written, as save_sharded would."""
+    import tempfile
+    import warnings
+    from torch.distributed.checkpoint.format_utils import torch_save_to_dcp
+    from hrmlm.checkpoint import file_crc
+    path = os.path.join(out_dir, "ckpt_last.dcp")
+    shutil.rmtree(path, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.save({"model": state["model"], "optimizer": state["optimizer"]["state"]}, os.path.join(tmp, "s.pt"))
+        torch_save_to_dcp(os.path.join(tmp, "s.pt"), path)
+    meta = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+    torch.save(dict(meta, checksums={n: file_crc(os.path.join(path, n)) for n in os.listdir(path)}),
+               os.path.join(path, "meta.pt"))
 
 
 def copy_run(src, tmp_path, name="run"):

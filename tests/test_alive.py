@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from conftest import HRM, raw_log, run_train
+from conftest import HRM, last_state, raw_log, run_train
 
 
 def test_learn_alpha_false_holds_alpha_as_a_buffer():
@@ -38,7 +38,7 @@ def steps(data_dir, tmp_path_factory):
 
 
 def state(out_dir):
-    return torch.load(os.path.join(out_dir, "ckpt_last.pt"), map_location="cpu", weights_only=True)["model"]
+    return last_state(out_dir)["model"]
 
 
 def test_log_carries_both_alphas_at_every_evaluation(steps):
@@ -77,24 +77,24 @@ def test_blocks_off_costs(steps, data_dir, tmp_path, capsys):
     """analyze.py's readings against an independent computation: the checkpoint's alphas zeroed in its state
     dict and a fresh model built from it (each block off, and both)."""
     from tools import analyze
-    from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
+    from hrmlm.checkpoint import model_from_checkpoint
     out = tmp_path / "a.json"
-    analyze.main([f"--out_dir={steps['paper']}", "--ckpt=ckpt_last.pt", f"--data_dir={data_dir}", "--batches=2",
+    analyze.main([f"--out_dir={steps['paper']}", "--ckpt=ckpt_last.dcp", f"--data_dir={data_dir}", "--batches=2",
                   f"--json={out}"])
     text = capsys.readouterr().out
     r = json.loads(out.read_text())["alive"]
     assert r["alpha_L"] == raw_log(steps["paper"])[1]["alpha_L"] and r["alpha_H"] == raw_log(steps["paper"])[1]["alpha_H"]
     assert f"alpha_L {r['alpha_L']:.3f}, alpha_H {r['alpha_H']:.3f}" in text and "both off" in text
 
-    ck = load_checkpoint(os.path.join(steps["paper"], "ckpt_last.pt"))
+    ck = {k: v for k, v in last_state(steps["paper"]).items() if k != "optimizer"}   # the resume state, as one dict
     batches = analyze.val_batches(ck, data_dir, 2, 1, ck["model_args"]["block_size"])
     ce = analyze.val_ce(model_from_checkpoint(ck).eval(), batches, "cpu")
     for key, zeroed in (("off_L", ["L_net.alpha"]), ("off_H", ["H_net.alpha"]), ("off_both", ["L_net.alpha", "H_net.alpha"])):
-        sd = dict(ck["model"], **{k: torch.zeros(()) for k in zeroed})
+        sd = dict(ck["model"], **{k: torch.zeros(1) for k in zeroed})
         off = analyze.val_ce(model_from_checkpoint(dict(ck, model=sd)).eval(), batches, "cpu")
         assert r[key] == pytest.approx(off - ce, abs=1e-7), key
         assert abs(off - ce) > 1e-5, key   # the blocks do something after one step (else this test tests nothing)
-    model, _ = analyze.load(steps["paper"], "ckpt_last.pt", "cpu")
+    model, _ = analyze.load(steps["paper"], "ckpt_last.dcp", "cpu")
     before = (model.L_net.alpha.item(), model.H_net.alpha.item())
     with analyze.blocks_off(model):
         assert model.L_net.alpha.item() == model.H_net.alpha.item() == 0
@@ -106,7 +106,7 @@ def test_fast_only_has_no_slow_block_to_switch_off(data_dir, tmp_path, capsys):
     out = str(tmp_path / "fo")
     run_train(HRM + ["--fast_only=True", "--max_iters=1", "--eval_interval=1"], data_dir, out)
     assert "alpha_H" not in raw_log(out)[-1] and "alpha_L" in raw_log(out)[-1]
-    analyze.main([f"--out_dir={out}", "--ckpt=ckpt_last.pt", f"--data_dir={data_dir}", "--batches=1"])
+    analyze.main([f"--out_dir={out}", "--ckpt=ckpt_last.dcp", f"--data_dir={data_dir}", "--batches=1"])
     assert "alpha_H -" in capsys.readouterr().out
 
 
@@ -171,7 +171,7 @@ def test_learn_alpha_false_holds_0_1_when_starting_from_a_learned_run(steps, dat
 @pytest.mark.parametrize("saved,now,refused", [(1.0, 0.1, True), (0.1, 1.0, True), (0.1, 0.2, False), (1.0, 1.0, False)])
 def test_resume_refuses_a_change_in_alpha_and_taus_own_group(saved, now, refused):
     """A resume whose AdamW groups would differ (scalar_lr_mult 1 <-> not 1) is one line naming the setting, for
-    ckpt_last.pt and ckpt_last.dcp alike (check_resume reads the settings, not the optimizer state)."""
+    ckpt_last.dcp and an older ckpt_last.pt alike (check_resume reads the settings, not the optimizer state)."""
     from hrmlm.checkpoint import check_resume
     from configurator import read_settings
     config = dict(read_settings(os.path.join(os.path.dirname(os.path.dirname(__file__)), "train.py")), arch="hrm")

@@ -18,19 +18,20 @@ import pytest
 import torch
 
 from hrmlm.checkpoint import nonfinite_tensors
-from conftest import (ENV, HRM, ROOT, TINY, Evil, by_iter, char_tiny, copy_run, one_error_line, patched, raw_log,
-                      read_until, run_script, run_train, save_ckpt, snapshot, train_cmd, wait_for)
+from conftest import (ENV, HRM, ROOT, TINY, Evil, by_iter, char_tiny, copy_run, last_state, one_error_line, patched,
+                      raw_log, read_until, run_script, run_train, save_ckpt, save_last, snapshot, train_cmd, wait_for)
 
-# torch.save with a fault at its FAULT_AT_SAVE-th call: "full" writes part of the file and raises ENOSPC (a
-# full disk); "zip" raises torch's zip-writer RuntimeError instead; "hang" writes part of the file, touches
-# $MARKER and sleeps, for the test to SIGKILL mid-save.
+# torch.save with a fault at its FAULT_AT_SAVE-th call writing a .pt file (ckpt.pt, ckpt_last.dcp's meta.pt; not
+# the tensors torch.distributed.checkpoint writes into its shard files with it): "full" writes part of the file
+# and raises ENOSPC (a full disk); "zip" raises torch's zip-writer RuntimeError instead; "hang" writes part of the
+# file, touches $MARKER and sleeps, for the test to SIGKILL mid-save.
 FAULTY_SAVE = r"""
 import errno, os, time, torch
 calls = [0]
 real_save = torch.save
 def faulty_save(obj, f, *a, **k):
-    calls[0] += 1
-    if calls[0] < int(os.environ["FAULT_AT_SAVE"]):
+    calls[0] += ".pt" in str(getattr(f, "name", f))
+    if calls[0] < int(os.environ["FAULT_AT_SAVE"]) or ".pt" not in str(getattr(f, "name", f)):
         return real_save(obj, f, *a, **k)
     f.write(b"PK\x03\x04 part of a checkpoint")
     if os.environ["FAULT"] == "zip":   # what torch's zip writer raises when the disk fills mid-record
@@ -96,7 +97,7 @@ def test_new_run_into_a_used_out_dir_is_refused(trained, data_dir, tmp_path):
     assert run_files(out) == before
     run_train(HRM + ["--max_iters=2", "--eval_interval=2", "--overwrite=True"], data_dir, out)
     assert raw_log(out, "iter") == [0, 2]       # one run in the log, not two
-    assert torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)["iter_num"] == 2
+    assert last_state(out)["iter_num"] == 2
 
 
 @pytest.mark.parametrize("where", ["is_a_file", "under_a_file"])
@@ -119,19 +120,20 @@ def test_failed_save_is_one_line_and_leaves_no_temporary(trained, data_dir, tmp_
     p = faulty_train(HRM + ["--max_iters=6", "--eval_interval=2", "--init_from=resume"], data_dir, out, tmp_path,
                      "full", 1)
     line = one_error_line(p, code=1)
-    assert "cannot save" in line and "No space left on device" in line and "ckpt_last.pt" in line, line
-    assert not [n for n in os.listdir(out) if ".tmp." in n]
+    assert "cannot save" in line and "No space left on device" in line and "ckpt_last.dcp (iter 4)" in line, line
+    assert not [n for n in os.listdir(out) if ".tmp" in n]
     after = run_files(out)
-    assert {k: after[k] for k in ("ckpt.pt", "ckpt_last.pt")} == {k: before[k] for k in ("ckpt.pt", "ckpt_last.pt")}
+    assert {k: v for k, v in after.items() if k.startswith("ckpt")} == {k: v for k, v in before.items() if k.startswith("ckpt")}
 
 
 def test_stale_temporary_is_removed_on_resume(trained, data_dir, tmp_path):
     out = copy_run(trained, tmp_path)
-    stale = os.path.join(out, "ckpt_last.pt.tmp.999999")
+    stale, half = os.path.join(out, "ckpt.pt.tmp.999999"), os.path.join(out, "ckpt_last.dcp.tmp")
     with open(stale, "wb") as f:
         f.write(b"\0" * 1000)
+    shutil.copytree(os.path.join(out, "ckpt_last.dcp"), half)   # a sharded save killed before its swap
     run_train(HRM + ["--max_iters=6", "--eval_interval=2", "--init_from=resume"], data_dir, out)
-    assert not os.path.exists(stale)
+    assert not os.path.exists(stale) and not os.path.exists(half)
 
 
 # --- SIGKILL mid-save, after the log line: the log and the checkpoints stay consistent ---------------------
@@ -143,7 +145,7 @@ def test_kill_mid_save_between_log_and_checkpoint(data_dir, tmp_path):
     ref, out = str(tmp_path / "ref"), str(tmp_path / "run")
     args = HRM + ["--max_iters=6", "--eval_interval=2"]
     run_train(args, data_dir, ref)
-    # saves: ckpt.pt@2, ckpt_last.pt@2, ckpt.pt@4 <- killed while writing it, after the log line for iter 4
+    # torch.save: ckpt.pt@2, ckpt_last.dcp's meta.pt@2, ckpt.pt@4 <- killed while writing it, after iter 4's log line
     marker = str(tmp_path / "writing")
     proc = faulty_train(args, data_dir, out, tmp_path, "hang", 3, marker, wait=False)
     try:
@@ -154,14 +156,14 @@ def test_kill_mid_save_between_log_and_checkpoint(data_dir, tmp_path):
         proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert raw_log(out, "iter") == [0, 2, 4]
-    best, last = (torch.load(os.path.join(out, n), weights_only=True) for n in ("ckpt.pt", "ckpt_last.pt"))
+    best, last = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True), last_state(out)
     assert best["iter_num"] == last["iter_num"] == 2                     # still loadable: the previous ones
     for k in last["model"]:
         assert torch.equal(best["model"][k], last["model"][k])
     assert [n for n in os.listdir(out) if ".tmp." in n] == [f"ckpt.pt.tmp.{proc.pid}"]   # the half-written file
     run_train(args + ["--init_from=resume"], data_dir, out)
     assert not [n for n in os.listdir(out) if ".tmp." in n]
-    assert torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)["iter_num"] == 6
+    assert last_state(out)["iter_num"] == 6
     assert raw_log(out, "iter") == raw_log(ref, "iter") == [0, 2, 4, 6]
     a, b = by_iter(ref), by_iter(out)
     for it in (4, 6):
@@ -186,7 +188,7 @@ def test_a_signal_during_setup_stops_with_one_line(sig, data_dir, tmp_path):
         if "before training started" in last:   # the setup's handler
             assert last == f"train.py: error: interrupted by {signal.Signals(sig).name} before training started; " \
                 "nothing was saved", last
-            assert not os.path.exists(os.path.join(out, "ckpt_last.pt"))
+            assert not os.path.exists(os.path.join(out, "ckpt_last.dcp"))
         else:                                    # a slow start: the loop's handler had it
             assert f"stopped by {signal.Signals(sig).name}" in last, last
 
@@ -210,7 +212,7 @@ def test_signal_saves_and_resume_is_exact(sig, data_dir, tmp_path):
     assert proc.returncode == 128 + sig, stderr
     assert "Traceback" not in stderr
     assert f"stopped by {signal.Signals(sig).name}" in stderr and "--init_from=resume" in stderr, stderr
-    stopped_at = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)["iter_num"]
+    stopped_at = last_state(out)["iter_num"]
     assert 5 <= stopped_at < 24
     run_train(args + ["--init_from=resume"], data_dir, out)
     assert raw_log(out, "iter") == raw_log(ref, "iter")   # each iteration once
@@ -219,8 +221,8 @@ def test_signal_saves_and_resume_is_exact(sig, data_dir, tmp_path):
         if it > stopped_at:
             for key in ("train_loss", "val_loss", "grad_norm", "lr"):
                 assert a[it][key] == b[it][key], (it, key)
-    ca = torch.load(os.path.join(ref, "ckpt_last.pt"), weights_only=True)
-    cb = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    ca = last_state(ref)
+    cb = last_state(out)
     assert all(torch.equal(ca["model"][k], cb["model"][k]) for k in ca["model"])
     for key in ("iter_num", "best_val_loss"):
         assert ca[key] == cb[key], key
@@ -266,7 +268,7 @@ def test_a_second_signal_ends_a_stuck_run_at_once(data_dir, tmp_path):
 def test_resume_with_other_data_settings_is_refused(trained, data_dir, tmp_path):
     """Other data settings: refused, nothing changed. Another schedule: allowed, with a note; here a learning
     rate far too high, so val gets worse and the two checkpoints part ways: ckpt.pt keeps the best
-    evaluation, ckpt_last.pt the last."""
+    evaluation, ckpt_last.dcp the last."""
     out = copy_run(trained, tmp_path)
     before = run_files(out)
     p = run_train(HRM + ["--max_iters=6", "--init_from=resume", "--batch_size=8", "--seed=7"], data_dir, out,
@@ -279,7 +281,7 @@ def test_resume_with_other_data_settings_is_refused(trained, data_dir, tmp_path)
     assert "note: resuming with changed settings" in p.stdout and "max_iters 4 -> 8" in p.stdout, p.stdout
     assert "learning_rate 0.003 -> 0.1" in p.stdout
     best = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
-    last = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    last = last_state(out)
     log = {it: r["val_loss"] for it, r in by_iter(out).items() if it > 0}
     assert last["iter_num"] == 8
     assert best["iter_num"] == min(log, key=log.get) != 8
@@ -290,16 +292,25 @@ def test_resume_with_other_data_settings_is_refused(trained, data_dir, tmp_path)
 
 @pytest.mark.parametrize("damage,msg", [("nan", "non-finite weights"), ("no_optimizer", "no optimizer state")])
 def test_damaged_checkpoint_is_refused(trained, data_dir, tmp_path, damage, msg):
+    """A non-finite weight in ckpt_last.dcp; an older code's single ckpt_last.pt without AdamW state."""
     out = copy_run(trained, tmp_path)
-    path = os.path.join(out, "ckpt_last.pt")
-    ck = torch.load(path, weights_only=True)
+    ck = last_state(out)
     if damage == "nan":
-        ck["model"]["fusion.tau"] = torch.tensor(float("nan"))
+        ck["model"]["fusion.tau"] = torch.full((1,), float("nan"))
+        save_last(ck, out)
     else:
         del ck["optimizer"]
-    save_ckpt(ck, path)
+        shutil.rmtree(os.path.join(out, "ckpt_last.dcp"))
+        save_ckpt(ck, os.path.join(out, "ckpt_last.pt"))
     line = one_error_line(run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, out, check=False))
     assert msg in line, line
+
+
+def flip_a_byte(path):
+    """Flip one byte in the middle of a file (a sharded checkpoint's shard), as a bad disk would."""
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x20
+    open(path, "wb").write(bytes(data))
 
 
 def flip_a_weight_byte(path, name="wte.weight"):
@@ -315,15 +326,15 @@ def flip_a_weight_byte(path, name="wte.weight"):
 
 
 def test_a_flipped_byte_is_refused_by_resume_sample_and_analyze(trained, data_dir, tmp_path):
-    """Every checkpoint carries its tensors' checksums: a flipped byte in ckpt_last.pt once resumed, trained and
-    said done; now the resume, sample.py and analyze.py each stop with one line (exit 2) naming the file and
-    what is intact, and nothing in the folder changes."""
+    """Every checkpoint carries its checksums: a flipped byte in a resume state once resumed, trained and said
+    done; now the resume, sample.py and analyze.py each stop with one line (exit 2) naming the file and what is
+    intact, and nothing in the folder changes."""
     out = copy_run(trained, tmp_path)
-    flip_a_weight_byte(os.path.join(out, "ckpt_last.pt"))
+    flip_a_byte(os.path.join(out, "ckpt_last.dcp", "__0_0.distcp"))
     before = snapshot(out, skip=(".lock",))
     p = run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, out, check=False)
     line = one_error_line(p)
-    assert p.returncode == 2 and "ckpt_last.pt is damaged: 1 tensor(s) missing or not as written (checksums: model/wte.weight)" in line, line
+    assert p.returncode == 2 and "ckpt_last.dcp is damaged: 1 file(s) missing or not as written (checksums: __0_0.distcp)" in line, line
     assert "intact: " + os.path.join(out, "ckpt.pt") + " (iter" in line, line
     assert snapshot(out, skip=(".lock",)) == before
     flip_a_weight_byte(os.path.join(out, "ckpt.pt"))
@@ -352,9 +363,16 @@ def test_the_log_is_strict_json(tmp_path):
 
 
 def test_truncated_checkpoint_is_named(trained, data_dir, tmp_path):
-    out = str(tmp_path / "t")
-    os.makedirs(out)
-    data = open(os.path.join(trained, "ckpt_last.pt"), "rb").read()
+    """A truncated meta.pt (ckpt_last.dcp's settings), and an older code's truncated ckpt_last.pt, alike (a truncated
+    shard: its checksum says so, test_a_flipped_byte_is_refused_by_resume_sample_and_analyze)."""
+    out = copy_run(trained, tmp_path)
+    meta = os.path.join(out, "ckpt_last.dcp", "meta.pt")
+    data = open(meta, "rb").read()
+    open(meta, "wb").write(data[: len(data) // 2])
+    line = one_error_line(run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, out, check=False))
+    assert "cannot load" in line and "ckpt_last.dcp" in line, line
+    shutil.rmtree(os.path.join(out, "ckpt_last.dcp"))
+    data = open(os.path.join(trained, "ckpt.pt"), "rb").read()   # a single file, as ckpt_last.pt was
     open(os.path.join(out, "ckpt_last.pt"), "wb").write(data[: len(data) // 2])
     line = one_error_line(run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, out, check=False))
     assert "cannot load" in line and "ckpt_last.pt" in line, line
@@ -370,12 +388,12 @@ def test_other_architecture_is_named(trained, data_dir, tmp_path):
 
 def test_pickled_code_is_refused(trained, data_dir, tmp_path):
     """weights_only=True: a checkpoint carrying an arbitrary object is refused, and its code never runs."""
-    out = str(tmp_path / "evil")
-    os.makedirs(out)
-    ck = torch.load(os.path.join(trained, "ckpt_last.pt"), weights_only=True)
+    out = copy_run(trained, tmp_path)
+    meta = os.path.join(out, "ckpt_last.dcp", "meta.pt")
+    ck = torch.load(meta, weights_only=True)
     flag = tmp_path / "pwned"
     ck["payload"] = Evil(str(flag))
-    torch.save(ck, os.path.join(out, "ckpt_last.pt"))
+    torch.save(ck, meta)
     p = run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, out, check=False)
     assert "holds Python objects other than tensors" in one_error_line(p)
     assert not flag.exists()
@@ -388,7 +406,7 @@ def test_diverged_model_never_becomes_the_best(data_dir, tmp_path):
     worse than iteration 0's, and from iteration 1 on every step is non-finite and skipped. The run stops with
     exit status 3 after max_nonfinite = 3 of them in a row, names no good checkpoint (none beat the initial
     model), and ckpt.pt never holds the diverged model: it is absent or strictly better than the initial val.
-    ckpt_last.pt (for resume) holds the last finite model."""
+    ckpt_last.dcp (for resume) holds the last finite model."""
     out = str(tmp_path / "run")
     p = run_train(HRM + ["--max_iters=12", "--eval_interval=2", "--learning_rate=1e6", "--warmup_iters=0",
                          "--decay_lr=False", "--max_nonfinite=3"], data_dir, out, check=False)
@@ -404,7 +422,7 @@ def test_diverged_model_never_becomes_the_best(data_dir, tmp_path):
     best = torch.load(path, weights_only=True) if os.path.exists(path) else None
     logged = {r["iter"]: r["val_loss"] for r in log}
     assert best is None or (best["best_val_loss"] < initial and logged[best["iter_num"]] < initial), best
-    last = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    last = last_state(out)
     assert last["iter_num"] == 2 and not nonfinite_tensors(last["model"])
 
 
@@ -423,12 +441,12 @@ def test_divergence_near_the_end_is_not_done(data_dir, tmp_path):
 
 # slow (CI time): the diverged-model test above checks the skip, the stop and exit status 3 in CI, on a run
 # with no good checkpoint; only this one stops a run that has one, which the message names, and checks that
-# ckpt_last.pt keeps that last finite model
+# ckpt_last.dcp keeps that last finite model
 @pytest.mark.slow
 def test_non_finite_iterations_are_skipped_then_stop(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(HRM + ["--max_iters=2", "--eval_interval=2"], data_dir, out)
-    good = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    good = last_state(out)
     # an absurd learning rate: the first step makes the weights ~1e30, every later loss is NaN
     p = run_train(HRM + ["--max_iters=20", "--eval_interval=2", "--init_from=resume", "--learning_rate=1e30",
                          "--warmup_iters=0", "--decay_lr=False", "--max_nonfinite=3"], data_dir, out, check=False)
@@ -436,7 +454,7 @@ def test_non_finite_iterations_are_skipped_then_stop(data_dir, tmp_path):
     assert "step skipped (1 in a row, 1 in all)" in p.stdout
     assert "stopping at iter 5: 3 non-finite iterations in a row" in p.stderr
     assert f"last good checkpoint: {os.path.join(out, 'ckpt.pt')} (iter 2, val loss" in p.stderr, p.stderr
-    after = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    after = last_state(out)
     assert after["iter_num"] == 2                        # the NaN model was never saved
     for k in good["model"]:
         assert torch.equal(good["model"][k], after["model"][k])
@@ -482,8 +500,22 @@ def test_legacy_run_resumes(legacy_run, char_data):
     got = {k: v for k, v in log[-1].items() if k != "time_s"}
     alphas = {k: got.pop(k) for k in ("alpha_L", "alpha_H")}   # logged since issue 47; the old code did not
     assert got == {k: v for k, v in want.items() if k != "time_s"}
-    sd = torch.load(os.path.join(legacy_run, "ckpt_last.pt"), map_location="cpu", weights_only=True)["model"]
+    sd = last_state(legacy_run)["model"]   # its first save replaced the old single file with ckpt_last.dcp
+    assert not os.path.exists(os.path.join(legacy_run, "ckpt_last.pt"))
     assert alphas == {"alpha_L": sd["L_net.alpha"].item(), "alpha_H": sd["H_net.alpha"].item()}
+
+
+def test_legacy_run_resumes_under_fsdp(legacy_run, char_data):
+    """The old single-file ckpt_last.pt (one process, iteration 4) resumes under FSDP, to the old code's numbers,
+    and goes on sharded."""
+    run_train(LEGACY + [f"--data_dir={char_data}", f"--out_dir={legacy_run}", "--max_iters=6", "--init_from=resume",
+                        "--fsdp=True"], char_data, legacy_run, nproc=1)
+    with open(os.path.join(LEGACY_DIR, "resumed_to_6.jsonl")) as f:
+        want = json.loads(f.read())
+    got = raw_log(legacy_run)[-1]
+    assert got["iter"] == 6 and abs(got["val_loss"] - want["val_loss"]) < 1e-5, (got, want)
+    assert os.path.isdir(os.path.join(legacy_run, "ckpt_last.dcp"))
+    assert not os.path.exists(os.path.join(legacy_run, "ckpt_last.pt"))
 
 
 def test_legacy_checkpoint_samples(legacy_run):
@@ -544,11 +576,11 @@ def fill(folder):
 
 
 def test_full_disk_on_save_is_one_line(small_disk, char_data):
-    disk = small_disk("200k")   # ckpt.pt (84 KB) fits, ckpt_last.pt (251 KB) does not
+    disk = small_disk("200k")   # ckpt.pt (87 KB) fits, ckpt_last.dcp (495 KB) does not
     out = str(disk / "run")
     p = run_train(char_tiny(out, "--max_iters=4"), char_data, out, check=False)
     line = one_error_line(p, code=1)
-    assert f"cannot save {out}/ckpt_last.pt at iter 2" in line and "No space left on device" in line, line
+    assert f"cannot save {out}/ckpt_last.dcp at iter 2" in line and "No space left on device" in line, line
     assert f"intact: {out}/ckpt.pt (iter 2)" in line, line
     assert sorted(os.listdir(out)) == [".lock", "ckpt.pt", "log.jsonl"]   # no temporary left filling the disk
 
@@ -566,14 +598,14 @@ def test_full_disk_on_a_sharded_save_leaves_no_temporary(small_disk, char_data):
 
 @pytest.mark.slow   # CI time: CI fills a real disk on save, and on prepare's staging folder
 def test_full_disk_on_resume_is_one_line_and_keeps_the_log(small_disk, char_data):
-    disk = small_disk("700k")
+    disk = small_disk("1500k")   # two resume states (a save writes the new one beside the old), ckpt.pt, the log
     out = str(disk / "run")
     run_train(char_tiny(out, "--max_iters=4"), char_data, out)
     before = snapshot(out, skip=(".lock",))
     fill(disk)
     p = run_train(char_tiny(out, "--max_iters=6", "--init_from=resume"), char_data, out, check=False)
     line = one_error_line(p, code=2)
-    assert "No space left on device" in line and "ckpt_last.pt (iter 4)" in line, line
+    assert "No space left on device" in line and "ckpt_last.dcp (iter 4)" in line, line
     assert snapshot(out, skip=(".lock",)) == before and not [n for n in os.listdir(out) if ".tmp." in n]
     os.remove(disk / "filler")   # with room again, the same command resumes
     run_train(char_tiny(out, "--max_iters=6", "--init_from=resume"), char_data, out)
@@ -604,24 +636,23 @@ def test_zip_writer_error_is_one_line(trained, data_dir, tmp_path):
 # --- damaged checkpoints on resume: one line that names what does not fit ---------------------------------
 
 @pytest.mark.parametrize("damage,words", [
-    ("shape", ["does not fit this model", "size mismatch for L_net.gate.weight"]),
-    ("groups", ["optimizer state does not fit", "parameter group"]),
-    pytest.param("missing", ["does not fit this model", "Missing key(s)", "fusion.tau"], marks=pytest.mark.slow),
-    pytest.param("moment", ["optimizer state does not fit", "exp_avg"], marks=pytest.mark.slow),
+    ("shape", ["does not fit this model", "Size mismatch", "L_net.gate.weight"]),
+    ("groups", ["does not fit this model", "AdamW parameter groups"]),
+    pytest.param("missing", ["does not fit this model", "Missing key", "fusion.tau"], marks=pytest.mark.slow),
+    pytest.param("moment", ["does not fit this model", "Size mismatch", "exp_avg"], marks=pytest.mark.slow),
 ])
 def test_damaged_checkpoint_on_resume_names_what_does_not_fit(trained, data_dir, tmp_path, damage, words):
     out = copy_run(trained, tmp_path)
-    path = os.path.join(out, "ckpt_last.pt")
-    ck = torch.load(path, weights_only=True)
+    ck = last_state(out)
     if damage == "shape":
         ck["model"]["L_net.gate.weight"] = ck["model"]["L_net.gate.weight"][:, :5].clone()
     elif damage == "missing":
         del ck["model"]["fusion.tau"]
     elif damage == "groups":
-        ck["optimizer"]["param_groups"] = ck["optimizer"]["param_groups"][:1]
+        ck["param_groups"] = ck["param_groups"][:1]
     else:
-        ck["optimizer"]["state"][0]["exp_avg"] = ck["optimizer"]["state"][0]["exp_avg"][:3].clone()
-    save_ckpt(ck, path)
+        ck["optimizer"]["state"]["wte.weight"]["exp_avg"] = ck["optimizer"]["state"]["wte.weight"]["exp_avg"][:3].clone()
+    save_last(ck, out)
     before = snapshot(out, skip=(".lock",))
     line = one_error_line(run_train(HRM + ["--max_iters=6", "--eval_interval=2", "--init_from=resume"], data_dir,
                                     out, check=False))
@@ -654,7 +685,7 @@ def test_signal_during_an_evaluation_saves_and_resume_evaluates(char_data, tmp_p
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143 and "stopped by SIGTERM at iter 2" in err, err
-    ck = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    ck = last_state(out)
     assert ck["iter_num"] == 2 and ck["eval_pending"] is True   # stopped inside the evaluation, not after it
     assert [r["iter"] for r in raw_log(out)] == [0]
     run_train(char_tiny(out, *args, "--init_from=resume"), char_data, out)
@@ -678,21 +709,22 @@ def test_a_kill_between_the_sharded_swaps_loses_nothing(tmp_path):
     assert not old.exists() and not (tmp_path / "ckpt_last.dcp.tmp").exists()
 
 
-def test_an_older_sharded_checkpoint_that_cannot_be_removed_is_a_note(tmp_path, monkeypatch, capsys):
-    """An FSDP run resumed by one process saves ckpt_last.pt and removes the older ckpt_last.dcp; where that
-    removal fails (a read-only or immutable folder), the save stands and the run goes on with a note, not a
-    'cannot save' error (a resume takes the later of the two)."""
+def test_an_older_single_file_that_cannot_be_removed_is_left(tmp_path, monkeypatch):
+    """An older code's run resumed: its first save of ckpt_last.dcp removes the ckpt_last.pt it came from; where
+    that removal fails (a read-only or immutable file), the save stands and the run goes on (a resume reads
+    ckpt_last.dcp), not a 'cannot save' error."""
     from hrmlm import checkpoint
+    from model import ModelConfig, build_model
 
     def refuse(path, *a, **k):
         raise PermissionError(1, "Operation not permitted", path)
-    (tmp_path / "ckpt_last.dcp").mkdir()
-    monkeypatch.setattr(checkpoint.shutil, "rmtree", refuse)
-    path = str(tmp_path / "ckpt_last.pt")
-    checkpoint.save_checkpoint(path, {"iter_num": 7})
-    assert torch.load(path, weights_only=True)["iter_num"] == 7
-    err = capsys.readouterr().err
-    assert err.startswith(f"note: saved {path}, but cannot remove the older") and "Operation not permitted" in err, err
+    (tmp_path / "ckpt_last.pt").write_bytes(b"older")
+    monkeypatch.setattr(checkpoint.os, "remove", refuse)
+    model = build_model(ModelConfig(arch="transformer", n_layer=1, n_embd=16, n_head=2, vocab_size=8, block_size=8))
+    path = str(tmp_path / "ckpt_last.dcp")
+    checkpoint.save_sharded(path, model, torch.optim.AdamW(model.parameters()), {"iter_num": 7}, master=True)
+    assert checkpoint.read_info(path)["iter_num"] == 7 and checkpoint.resume_path(str(tmp_path)) == path
+    assert (tmp_path / "ckpt_last.pt").read_bytes() == b"older"
 
 
 def test_atomic_write_is_whole_or_nothing(tmp_path):

@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from conftest import HRM, raw_log, run_train
+from conftest import HRM, last_state, raw_log, run_train
 
 # character data as in the quick start; HRM (M = 4, K = 2); warmup, then decay; evaluations and saves at 0, 4, 8, 12
 ARGS = HRM + ["--dataset=shakespeare_char", "--max_iters=12", "--eval_interval=4", "--lr_decay_iters=12"]
@@ -29,8 +29,9 @@ def assert_same_run(a, b):
     log_a, log_b = ([{k: v for k, v in row.items() if k != "time_s"} for row in raw_log(d)] for d in (a, b))
     assert [r["iter"] for r in log_a] == [0, 4, 8, 12]
     assert log_a == log_b, (log_a, log_b)
-    for name in ("ckpt.pt", "ckpt_last.pt"):
-        ca, cb = (torch.load(os.path.join(d, name), weights_only=True) for d in (a, b))
+    for name in ("ckpt.pt", "ckpt_last.dcp"):
+        ca, cb = (last_state(d) if name == "ckpt_last.dcp" else torch.load(os.path.join(d, name), weights_only=True)
+                  for d in (a, b))
         ta, tb = tensors(ca), tensors(cb)
         assert ta.keys() == tb.keys() and any(k.startswith("/model/") for k in ta), name
         assert name == "ckpt.pt" or any(k.startswith("/optimizer/state/") for k in ta), name

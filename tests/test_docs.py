@@ -111,7 +111,7 @@ def trained(p, repo, out_dir, ranks=1):
     log = raw_log(str(repo / out_dir))
     assert [r["iter"] for r in log] == [0, 2] and f"{log[-1]['val_loss']:.4f}" == m[2], (log, m[0])
     import torch
-    ck = torch.load(repo / out_dir / "ckpt_last.pt", weights_only=True)
+    ck = torch.load(repo / out_dir / "ckpt_last.dcp" / "meta.pt", weights_only=True)
     assert ck["iter_num"] == 2 and (repo / out_dir / "ckpt.pt").exists()
     return ck["config"]
 

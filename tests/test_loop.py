@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from conftest import HRM, ROOT, run_train
+from conftest import HRM, ROOT, last_state, run_train
 from configurator import check_train_settings, read_settings, train_setting_notes
 
 # warmup 3, cosine to iteration 8, floor after; G=2 micro-batches of 2; a clip that binds (K/M = 1/2 of 0.1)
@@ -100,7 +100,7 @@ def test_the_loop_is_algorithm_1(run, data_dir):
     """Weights, losses, gradient norms and val CE equal the plain reference's: accumulating G micro-batches of B
     is one batch of G*B to float tolerance, and so is the logged gradient norm."""
     out, rows, losses = run
-    ck = torch.load(os.path.join(out, "ckpt_last.pt"), weights_only=True)
+    ck = last_state(out)
     steps, vals, model = reference(data_dir, ck)
     clip = CLIP * model.config.K / model.config.M
     assert sum(norm > clip for _, _, norm in steps) >= ITERS // 2, "the clip must bind to be tested"

@@ -48,11 +48,11 @@ def test_hrm_state_dict_keys_and_shapes():
         m = build_model(ModelConfig(arch="hrm", n_embd=d, n_head=16, N=4, T=3, K=2))
     expected = {"wte.weight": (V_, d), "z_H0": (d,), "z_L0": (d,),
                 "L_net.norm.weight": (3 * d,), "L_net.gate.weight": (d, 3 * d), "L_net.proj_in.weight": (d, 3 * d),
-                "L_net.proj_out.weight": (d, d), "L_net.alpha": (),
+                "L_net.proj_out.weight": (d, d), "L_net.alpha": (1,),
                 "H_net.norm.weight": (2 * d,), "H_net.gate.weight": (d, 2 * d), "H_net.proj_in.weight": (d, 2 * d),
-                "H_net.proj_out.weight": (d, d), "H_net.alpha": (),
+                "H_net.proj_out.weight": (d, d), "H_net.alpha": (1,),
                 "fusion.norm_H.weight": (d,), "fusion.norm_L.weight": (d,), "fusion.norm_I.weight": (d,),
-                "fusion.gate.weight": (3, 3 * d), "fusion.tau": (), "fusion.proj.weight": (d, d)}
+                "fusion.gate.weight": (3, 3 * d), "fusion.tau": (1,), "fusion.proj.weight": (d, d)}
     block_shapes = {"attn.qkv.weight": (3 * d, d), "attn.proj.weight": (d, d), "mlp.w1.weight": (4 * d, d),
                     "mlp.w2.weight": (4 * d, d), "mlp.w3.weight": (d, 4 * d), "norm1.weight": (d,), "norm2.weight": (d,)}
     for prefix in ("input_block.", "L_net.block.", "H_net.block."):

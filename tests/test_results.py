@@ -315,9 +315,10 @@ def test_a_rerun_that_is_still_here_is_not_run_a_third_time(monkeypatch, tmp_pat
         (folder / "log.jsonl").write_text(rows)
     cmd = ["python", "train.py", "--max_iters=400"]
     assert not sweep.kept_rerun(str(out_dir), cmd)                                 # no checkpoint
-    torch.save({"iter_num": 200}, out_dir / "ckpt_last.pt")
+    (out_dir / "ckpt_last.dcp").mkdir()
+    torch.save({"iter_num": 200}, out_dir / "ckpt_last.dcp" / "meta.pt")
     assert not sweep.kept_rerun(str(out_dir), cmd)                                 # cut off at 200
-    torch.save({"iter_num": 400}, out_dir / "ckpt_last.pt")
+    torch.save({"iter_num": 400}, out_dir / "ckpt_last.dcp" / "meta.pt")
     assert sweep.kept_rerun(str(out_dir), cmd)
     assert sweep.run_all([(str(out_dir), cmd)], 1, rerun=True) == [str(out_dir)]   # read as is, nothing run
     assert "rerunning 0 finished runs" in capsys.readouterr().out
@@ -345,13 +346,13 @@ def test_runners_stop_before_any_run_without_data(checkout):
 
 
 def test_a_cut_off_checkpoint_is_not_read(monkeypatch, tmp_path):
-    """A rerun cut off mid-way leaves a ckpt_last.pt from before the last iteration: analysis() must not read
+    """A rerun cut off mid-way leaves a ckpt_last.dcp from before the last iteration: analysis() must not read
     it (nor cache a reading of it) as the finished run's."""
     from tools import analyze
     monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
     out_dir = tmp_path / "out-long" / "run"
     out_dir.mkdir(parents=True)
-    (out_dir / "ckpt_last.pt").write_bytes(b"")
+    (out_dir / "ckpt_last.dcp").mkdir()
     monkeypatch.setattr(sweep, "log_dir", lambda d: str(tmp_path / "committed"))
     (tmp_path / "committed").mkdir()
     (tmp_path / "committed" / "run.json").write_text(json.dumps(

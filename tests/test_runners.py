@@ -72,7 +72,7 @@ def alive(pid):
 
 def saved_at(out_dir):
     """The iteration the run's signal save wrote (its only save: eval_interval is beyond the run)."""
-    return torch.load(os.path.join(out_dir, "ckpt_last.pt"), weights_only=True)["iter_num"]
+    return torch.load(os.path.join(out_dir, "ckpt_last.dcp", "meta.pt"), weights_only=True)["iter_num"]
 
 
 # SIGINT to the group slow (CI time): the same handler as the SIGTERM case, which also checks the one forward
