@@ -2,8 +2,8 @@
 The paper's Latency and GenSpeed tables, plus cached decoding and training throughput,
 measured side by side in one run on this machine.
 
-    python bench.py --preset=cpu --json=bench.json          # a 2-core CPU, a few minutes
-    python bench.py --preset=paper                           # d=4096, seq 1024, bf16: for a GPU
+    python bench.py --preset=cpu --json=bench.json          # a 2-core CPU, a few minutes (the default on a CPU)
+    python bench.py --preset=paper                           # d=4096, seq 1024, bf16: for a GPU (its default there)
     python bench.py --preset=cpu --models=hrm_nt12,tf_l4     # a subset
     python bench.py --preset=cpu --models=hrm_nt12 --compile # torch.compile'd forward (a minute per model)
     python bench.py --preset=cpu --models=beyond             # the options beyond the paper (docs/MODEL.md section 8)
@@ -160,7 +160,6 @@ def measure_inference(model, cfg, p, device, dtype, g, compile_forward, kv="full
     one), the matvec floor under cached decoding, the KV cache."""
     kv = policy_of(model, kv)
     out = {"kv": kv}
-    model = model.to(dtype).eval()  # bf16 weights for inference, as the paper's memory figures imply
     x = torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g).to(device)
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
     ws, products = floor_products(model, prompt, device, dtype, g)
@@ -196,11 +195,11 @@ def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full"
     import statistics
     from torch.profiler import profile
     kv = policy_of(model, kv)   # as in the table
-    model = model.to(dtype).eval()
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
     _, products = floor_products(model, prompt, device, dtype, g)
-    if compile_forward:
-        model.forward = torch.compile(model.forward, dynamic=not static, mode="reduce-overhead" if static else None)
+    if compile_forward:   # the fixed-shape step in one graph: a graph break is an error, not a silently split CUDA graph
+        model.forward = torch.compile(model.forward, dynamic=not static, mode="reduce-overhead" if static else None,
+                                      fullgraph=static)
     cache = engine.new_cache(model, 1, max_len=PROMPT + GEN, dtype=dtype, kv=kv, static=static)
     tok, floors, steps = prompt[:, -1:], [], []
     at = lambda pos, t=1: engine.position(cache, pos, t)   # noqa: E731  (a device tensor under static)
@@ -212,19 +211,31 @@ def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full"
             if pos >= PROMPT + 8:
                 floors.append(floor)
                 steps.append(step)
-        with profile() as prof:
+        with profile(activities=activities(device)) as prof:
             for pos in range(PROMPT + 8, PROMPT + 8 + n_prof):   # positions written before: rewritten alike
                 model(tok, cache=cache, pos=at(pos), last_only=True)
-    ev = prof.key_averages()
+        sync(device)
+    ev, t = prof.key_averages(), op_time(device)
     mms = [e for e in ev if e.key in ("aten::mm", "aten::addmm")]
-    top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:8]
+    top = sorted(ev, key=lambda e: -t(e))[:8]
     return {"cache": type(cache).__name__, "step_ms": statistics.median(steps) * 1e3,
-            "floor_ms": statistics.median(floors) * 1e3,
-            "steps": len(steps), "profiled_ms": sum(e.self_cpu_time_total for e in ev) / n_prof / 1e3,
-            "mm_ms": sum(e.self_cpu_time_total for e in mms) / n_prof / 1e3,
+            "floor_ms": statistics.median(floors) * 1e3, "clock": "GPU" if device.startswith("cuda") else "CPU",
+            "steps": len(steps), "profiled_ms": sum(t(e) for e in ev) / n_prof / 1e3,
+            "mm_ms": sum(t(e) for e in mms) / n_prof / 1e3,
             "mm_calls": sum(e.count for e in mms) / n_prof,
             "ops": sum(e.count for e in ev) / n_prof, "mm_floor_ms": timed(products, device, 20) * 1e3,
-            "top": [(e.key, e.self_cpu_time_total / n_prof / 1e3, e.count / n_prof) for e in top]}
+            "top": [(e.key, t(e) / n_prof / 1e3, e.count / n_prof) for e in top]}
+
+
+def activities(device):
+    """What torch.profiler records: on a GPU its kernels too (the ops' CPU time there is launch cost, not work)."""
+    from torch.profiler import ProfilerActivity
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+
+
+def op_time(device):
+    """An op's own time (microseconds) as --profile counts it: on the device that ran it (a GPU's kernels), else CPU."""
+    return (lambda e: e.self_device_time_total) if device.startswith("cuda") else (lambda e: e.self_cpu_time_total)
 
 
 def show_profile(name, r):
@@ -232,7 +243,7 @@ def show_profile(name, r):
     fixed = " (fixed-shape cache)" if r.get("cache") == "StaticKVCache" else ""
     print(f"{name}{fixed}: a cached token takes {r['step_ms']:.2f} ms, the floor {r['floor_ms']:.2f} ms (medians of "
           f"{r['steps']} alternating timings): {r['floor_ms'] / r['step_ms']:.0%} of the bound")
-    print(f"  profiled, per token: {r['profiled_ms']:.2f} ms of CPU time in {r['ops']:.0f} ops; matrix products "
+    print(f"  profiled, per token: {r['profiled_ms']:.2f} ms of {r.get('clock', 'CPU')} time in {r['ops']:.0f} ops; matrix products "
           f"{r['mm_ms']:.2f} ms ({r['mm_ms'] / r['profiled_ms']:.0%}), the same products back to back "
           f"{r['mm_floor_ms']:.2f} ms; the rest {r['profiled_ms'] - r['mm_ms']:.2f} ms")
     for key, ms, calls in r["top"]:
@@ -243,7 +254,7 @@ def measure_memory(model, cfg, p, device, dtype, g):
     """Peak resident memory of one forward on the CPU (run in a fresh process whose allocator returns
     freed tensors to the OS: see run_worker)."""
     with torch.no_grad():
-        model.to(dtype).eval()(torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g))
+        model(torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g))
     return {"peak_mem_mb": peak_mb(device)}
 
 
@@ -287,8 +298,10 @@ def worker(phase, spec):
     torch.manual_seed(0)
     model = build_model(cfg).to(device)
     out = {"params": model.num_params()}
+    if phase != "train":   # inference in the preset's dtype (bf16 weights, as the paper's memory figures imply)
+        model = model.to(dtype).eval()
     g = torch.Generator().manual_seed(0)
-    reset_peak(device)  # the peaks below are this model's: not those of importing torch or building it
+    reset_peak(device)  # the peaks below are this model's, after the cast: not torch's import, nor fp32 weights
     if phase == "profile":
         out.update(profile_decoding(model, cfg, p, device, dtype, g, spec.get("compile"), spec.get("kv", "full"),
                                     static=spec.get("static", False)))
@@ -314,13 +327,19 @@ def run_worker(phase, spec):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def default_preset(device):
+    """The sizes a run on this device measures unless told: the paper's on a GPU, the CPU preset elsewhere."""
+    return "paper" if device.startswith("cuda") else "cpu"
+
+
 def fmt(v, spec=".1f"):
     return "-" if v is None else format(v, spec)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="sizes: tiny (tests), cpu (this machine), paper (a GPU)")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                    help="sizes: tiny (tests), cpu (a CPU: the default there), paper (a GPU: the default on CUDA)")
     ap.add_argument("--models", default=",".join(PAPER), help="comma-separated subset of " + ",".join(ROWS) +
                     "; beyond = " + ",".join(BEYOND))
     ap.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, ...")
@@ -352,6 +371,7 @@ def main(argv=None):
         device = check_device(auto_device(args.device))
     except ValueError as e:
         fail(str(e))
+    args.preset = args.preset or default_preset(device)
     names = [n for m in args.models.split(",") if m.strip() for n in (BEYOND if m.strip() == "beyond" else [m.strip()])]
     unknown = [m for m in names if m not in ROWS]
     if unknown:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from bench import model_config
 from hrmlm.flops import counted_train_flops, train_flops
@@ -188,3 +189,26 @@ def test_bench_profile_command(tmp_path):
     rows, p = run_bench("tf_l2", tmp_path, "--profile")
     assert [r["model"] for r in rows] == ["tf_l2"] and "of the bound" in p.stdout and "aten::mm" in p.stdout
     assert "| tf_l2 |" not in p.stdout   # the profile, not the table
+
+
+def test_bench_on_cuda_is_honest(monkeypatch):
+    """On a GPU: the paper preset by default; inference memory peaks counted from after the bf16 cast (the fp32
+    weights once doubled the figure); --profile in the GPU's own time (CPU time there is launch cost); the static
+    decode step compiled fullgraph (a graph break would silently split its CUDA graph)."""
+    import types
+    import bench
+    assert bench.default_preset("cuda:0") == "paper" and bench.default_preset("cpu") == "cpu"
+    event = types.SimpleNamespace(self_device_time_total=7.0, self_cpu_time_total=3.0)
+    assert bench.op_time("cuda")(event) == 7.0 and bench.op_time("cpu")(event) == 3.0
+    monkeypatch.setitem(bench.PRESETS, "tiny", dict(bench.PRESETS["tiny"], dtype="bfloat16"))
+    built, at_reset = [], []
+    real_build = bench.build_model
+    monkeypatch.setattr(bench, "build_model", lambda cfg: built.append(real_build(cfg)) or built[-1])
+    monkeypatch.setattr(bench, "reset_peak", lambda device: at_reset.append(built[-1].wte.weight.dtype))
+    for phase in ("infer", "mem"):
+        bench.worker(phase, {"model": "tf_l4", "preset": "tiny", "device": "cpu"})
+    assert at_reset == [torch.bfloat16, torch.bfloat16], at_reset
+    compiled = []
+    monkeypatch.setattr(bench.torch, "compile", lambda f, **kw: compiled.append(kw) or f)
+    bench.worker("profile", {"model": "tf_l4", "preset": "tiny", "device": "cpu", "compile": True, "static": True})
+    assert compiled == [dict(dynamic=False, mode="reduce-overhead", fullgraph=True)], compiled
