@@ -164,7 +164,7 @@ torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  
 raw_model = model   # what is saved: uncompiled, unwrapped
 loop_depth = model_config.N if arch == "hrm" else model_config.M   # D: random_depth draws 1..2D-1 (train_depth)
 if compile:
-    model = parallel.compile_model(model, 2 * loop_depth - 1 if random_depth else 1)   # a graph per depth
+    model = parallel.compile_model(model)   # each block application unit: one graph for every step and depth
 model = parallel.wrap(model, ranks, fsdp)   # DDP under torchrun (FSDP is already in place)
 steps = model_config.M
 clip = grad_clip * min(K, steps) / steps if arch in ("hrm", "unitf") else grad_clip  # K/M-proportional

@@ -205,15 +205,20 @@ def fully_shard_model(model, dtype=torch.float32):
     fully_shard(model, mp_policy=fp32)
 
 
-def compile_model(model, depths=1, backend="inductor"):
-    """torch.compile, ready for `depths` distinct loop lengths: random_depth (train.py) runs HRM or UniTF at up to
-    2D-1 depths, each its own graph, and past torch's recompile limit (8) torch would silently fall back to eager
-    for the rest. So the limit is raised to cover them (one compile per depth, at its first use)."""
+def compile_model(model, backend="inductor"):
+    """torch.compile each block application unit (shard_units: a block with its projections), as torchtitan compiles
+    each block, not the whole model: HRM's and UniTF's shared unit, called M times a pass, reuses its graphs at
+    every step and every depth (random_depth needs no graph per depth), and FSDP's gathers stay between graphs: no
+    graph break under FSDP, where the whole model had 7 at M=4 (tests/test_hazards.py). A unit has a few variants
+    (with and without gradient, the first step's expanded z0), each a graph: the recompile limit is raised past
+    them, so none falls back to eager. In place: the state dict keeps its names."""
     import torch._dynamo
     cfg = torch._dynamo.config
     name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"   # renamed in torch 2.7
-    setattr(cfg, name, max(getattr(cfg, name), depths + 1))   # + 1: the trained depth, if not among them
-    return torch.compile(model, backend=backend)
+    setattr(cfg, name, max(getattr(cfg, name), 64))
+    for unit in shard_units(model):
+        unit.compile(backend=backend)
+    return model
 
 
 def wrap(model, ranks, fsdp):

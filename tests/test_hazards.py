@@ -13,26 +13,68 @@ from conftest import ROOT
 from model import ModelConfig, build_model
 
 
-def test_compile_covers_every_random_depth():
-    """random_depth at D = 5 runs 9 depths: each compiles once (a counting backend), none falls back to eager
-    past torch's recompile limit of 8, and a depth seen before reuses its graph."""
-    import torch._dynamo
-    torch._dynamo.reset()
-    compiled = []
-
+def counting_backend(graphs):
     def counting(gm, example_inputs):
-        compiled.append(gm)
+        graphs.append(gm)
         return gm.forward
+    return counting
 
-    model = build_model(ModelConfig(arch="unitf", vocab_size=16, block_size=8, n_embd=16, n_head=2, M=5, K=1))
-    fast = parallel.compile_model(model, depths=9, backend=counting)
-    x = torch.randint(0, 16, (1, 8))
-    with torch.no_grad():
-        for depth in list(range(1, 10)) + [3]:
-            model.set_depth(depth)
-            assert torch.allclose(fast(x)[0], model(x)[0], atol=1e-6)
-    assert len(compiled) == 9, len(compiled)
+
+@pytest.mark.parametrize("arch,kw", [("unitf", dict(M=5, K=1)), ("hrm", dict(N=5, T=2, K=2))])
+def test_compile_covers_every_random_depth(arch, kw):
+    """random_depth at D = 5 runs 9 depths: compiled per block application unit, the first three depths make every
+    graph (with and without gradient, the first step's expanded z0, a Slow firing in the window or not), the other
+    six none; none falls back to eager (the same numbers as the eager model). The whole model compiled one graph
+    per depth (and fell back to eager past torch's recompile limit of 8)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
     torch._dynamo.reset()
+    counters.clear()
+    compiled = []
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch=arch, vocab_size=16, block_size=8, n_embd=16, n_head=2, **kw))
+    eager = build_model(ModelConfig(arch=arch, vocab_size=16, block_size=8, n_embd=16, n_head=2, **kw))
+    eager.load_state_dict(model.state_dict())
+    fast = parallel.compile_model(model, backend=counting_backend(compiled))
+    assert fast is model and list(fast.state_dict()) == list(eager.state_dict())   # in place: saved as ever
+    x = torch.randint(0, 16, (2, 8))
+    made = []
+    for depth in list(range(1, 10)) + [3]:
+        for m in (fast, eager):
+            m.set_depth(depth)
+        _, loss = fast(x, x)
+        _, ref = eager(x, x)
+        assert torch.allclose(loss, ref, atol=1e-6), (depth, loss, ref)
+        loss.backward()
+        with torch.no_grad():
+            assert torch.allclose(fast(x)[0], eager(x)[0], atol=1e-6)
+        made.append(len(compiled))
+    assert made[3:] == [made[2]] * 7, made   # no graph after the third depth
+    assert not counters["graph_break"] and not counters["frames"].get("fallback"), dict(counters["graph_break"])
+    torch._dynamo.reset()
+
+
+def test_compile_under_fsdp_has_no_graph_break():
+    """Each unit compiled after fully_shard (train.py's order): FSDP2's hooks stay outside the graphs, so no graph
+    breaks for any architecture (the whole model compiled had 7 for HRM at M=4, 3 for UniTF)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for arch, kw in (("hrm", dict(N=2, T=2, K=2)), ("transformer", dict(n_layer=2)), ("unitf", dict(M=4, K=1))):
+            torch._dynamo.reset()
+            counters.clear()
+            graphs = []
+            model = build_model(ModelConfig(arch=arch, vocab_size=16, block_size=8, n_embd=16, n_head=2, **kw))
+            parallel.fully_shard_model(model)
+            parallel.compile_model(model, backend=counting_backend(graphs))
+            x = torch.randint(0, 16, (2, 8))
+            for _ in range(2):
+                model(x, x)[1].backward()
+            assert graphs and not counters["graph_break"], (arch, dict(counters["graph_break"]))
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()
 
 
 def test_ddp_does_not_broadcast_buffers():
