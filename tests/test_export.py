@@ -1,0 +1,132 @@
+"""tools/export_hf.py: a run as a transformers model folder (requirements-hf.txt), loaded offline in a fresh Python
+with the same logits as model.py for every architecture, greedy generate() giving sample.py's tokens, both
+tokenizers, the way back to a ckpt.pt with the same weights, and one line for each bad input."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ENV, ROOT, one_error_line, run_script
+from hrmlm.checkpoint import load_checkpoint, save_checkpoint
+from model import ModelConfig, build_model
+
+ARCHS = {"hrm": dict(N=2, T=2, K=2), "transformer": dict(n_layer=2), "unitf": dict(M=3, K=1)}
+CHARS = list("\n !',-.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+
+
+def make_run(folder, arch, tokenizer="char", **over):
+    """An out_dir holding a ckpt.pt as train.py writes it, of a tiny random model."""
+    vocab = len(CHARS) if tokenizer == "char" else 50257
+    args = dict(arch=arch, vocab_size=vocab, block_size=32, n_embd=16, n_head=2, **ARCHS[arch], **over)
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**args))
+    meta = {"tokenizer": "char", "chars": CHARS, "vocab_size": vocab} if tokenizer == "char" else \
+        {"tokenizer": "gpt2", "vocab_size": vocab}
+    os.makedirs(folder)
+    save_checkpoint(os.path.join(folder, "ckpt.pt"), {
+        "model": model.state_dict(), "model_args": args, "config": {"dataset": "shakespeare_char", "arch": arch},
+        "meta": meta, "iter_num": 4, "best_val_loss": 4.0, "best_iter": 4})
+    return str(folder)
+
+
+# what a fresh Python gets from the folder, offline: logits of a fixed batch, greedy tokens, the tokenizer's ids
+LOAD = r"""
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+folder, out = sys.argv[1], sys.argv[2]
+model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+with torch.no_grad():
+    logits = model(ids).logits
+greedy = {str(c): model.generate(ids, max_new_tokens=12, do_sample=False, use_cache=c)[0].tolist() for c in (True, False)}
+torch.save({"logits": logits, "greedy": greedy, "encoded": tok("ROMEO: well.")["input_ids"],
+            "decoded": tok.decode(tok("ROMEO: well.")["input_ids"])}, out)
+"""
+
+
+@pytest.fixture(scope="module")
+def hf():
+    pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_export_loads_offline_with_model_py_logits_and_greedy_tokens(hf, arch, tmp_path):
+    from hrmlm import engine
+    run = make_run(tmp_path / "run", arch)
+    p = run_script("tools/export_hf.py", f"--out_dir={run}", f"--to={tmp_path / 'hf'}")
+    assert p.returncode == 0, p.stderr
+    assert {"config.json", "model.safetensors", "modeling_hrmlm.py", "model.py", "README.md", "chars.json"} <= \
+        set(os.listdir(tmp_path / "hf"))
+    assert open(os.path.join(ROOT, "model.py")).read() == (tmp_path / "hf" / "model.py").read_text()   # reused as is
+    got = tmp_path / "got.pt"
+    env = dict(ENV, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH="")   # nothing of this repository
+    p = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path / "hf"), str(got)], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = torch.load(got, weights_only=True)
+    model = build_model(ModelConfig(**load_checkpoint(os.path.join(run, "ckpt.pt"))["model_args"]))
+    model.load_state_dict(load_checkpoint(os.path.join(run, "ckpt.pt"))["model"])
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    with torch.no_grad():
+        assert torch.allclose(r["logits"], model.eval()(ids)[0], atol=1e-5, rtol=0)
+    ours = engine.generate(model, ids, 12, temperature=0)[0].tolist()   # sample.py's greedy decoding (cached)
+    assert r["greedy"] == {"True": ours, "False": ours}
+    assert r["encoded"] == [CHARS.index(c) for c in "ROMEO: well."] and r["decoded"] == "ROMEO: well."
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "iteration 4" in card and "trust_remote_code=True" in card and "commit" in card
+
+
+def test_gpt2_tokenizer_is_tiktokens(hf, tmp_path):
+    """A BPE run's folder carries GPT-2's vocab.json and merges.txt: AutoTokenizer gives tiktoken's ids."""
+    from transformers import AutoTokenizer
+    from hrmlm.data import get_tokenizer
+    run = make_run(tmp_path / "run", "transformer", tokenizer="gpt2")
+    assert run_script("tools/export_hf.py", f"--out_dir={run}", f"--to={tmp_path / 'hf'}").returncode == 0
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    text = "ROMEO: But soft, what light through yonder window breaks?\n  It is the east."
+    assert tok(text)["input_ids"] == get_tokenizer().encode_ordinary(text)
+
+
+def test_round_trip_gives_the_same_weights(hf, tmp_path):
+    """The folder back to a ckpt.pt: every tensor equal, and sample.py reads it."""
+    run = make_run(tmp_path / "run", "hrm")
+    assert run_script("tools/export_hf.py", f"--out_dir={run}", f"--to={tmp_path / 'hf'}").returncode == 0
+    p = run_script("tools/export_hf.py", f"--from_hf={tmp_path / 'hf'}", f"--to={tmp_path / 'back'}")
+    assert p.returncode == 0, p.stderr
+    a, b = (load_checkpoint(os.path.join(d, "ckpt.pt")) for d in (run, tmp_path / "back"))
+    assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["model_args"] == b["model_args"] and a["meta"] == b["meta"]
+    s = run_script("sample.py", f"--out_dir={tmp_path / 'back'}", "--num_samples=1", "--max_new_tokens=5", "--start=A")
+    assert s.returncode == 0, s.stderr
+
+
+def test_bad_input_is_one_line(hf, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = one_error_line(run_script("tools/export_hf.py", f"--out_dir={empty}", f"--to={tmp_path / 'x'}"),
+                          prog="export_hf.py")
+    assert "ckpt.pt does not exist" in line, line
+    run = make_run(tmp_path / "run", "hrm")
+    line = one_error_line(run_script("tools/export_hf.py", f"--out_dir={run}", f"--to={run}"), prog="export_hf.py")
+    assert "already exists" in line, line
+    ck = torch.load(os.path.join(run, "ckpt.pt"), weights_only=True)
+    bad = make_run(tmp_path / "bad", "hrm")
+    save_checkpoint(os.path.join(bad, "ckpt.pt"), dict(ck, model_args=dict(ck["model_args"], arch="mamba")))
+    line = one_error_line(run_script("tools/export_hf.py", f"--out_dir={bad}", f"--to={tmp_path / 'y'}"),
+                          prog="export_hf.py")
+    assert "does not build a model" in line and "mamba" in line, line
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_missing_transformers_is_one_line(tmp_path):
+    """Without the optional packages: one line naming what to install (the core never imports them)."""
+    code = ("import runpy, sys; sys.modules['transformers'] = None; sys.argv = ['tools/export_hf.py', "
+            f"'--out_dir={tmp_path}', '--to={tmp_path / 'x'}']; runpy.run_path('tools/export_hf.py', run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1] == (
+        "export_hf.py: error: tools/export_hf.py needs transformers: pip install -r requirements-hf.txt"), p.stderr
