@@ -40,8 +40,8 @@ if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on (s
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from hrmlm.common import (DTYPES, HelpFormatter, auto_device, check_device, check_output_path, fail, precision_context,
-                         sync, timed)  # noqa: E402
+from hrmlm.common import (DTYPES, HelpFormatter, check_output_path, fail, precision_context, sync, timed,
+                          usable_device)  # noqa: E402
 from hrmlm import engine
 from hrmlm.flops import counted_train_flops, datasheet_tflops, measure_peak_tflops, train_flops
 from model import ModelConfig, build_model
@@ -367,10 +367,7 @@ def main(argv=None):
     if args.static_cache and not args.profile:
         fail("--static_cache measures the one-token step: add --profile (the table's generation uses the growing "
              "cache, whose shapes change with every token)")
-    try:
-        device = check_device(auto_device(args.device))
-    except ValueError as e:
-        fail(str(e))
+    device = usable_device(args.device)
     args.preset = args.preset or default_preset(device)
     names = [n for m in args.models.split(",") if m.strip() for n in (BEYOND if m.strip() == "beyond" else [m.strip()])]
     unknown = [m for m in names if m not in ROWS]

@@ -20,7 +20,7 @@ signalled = exit_on_signals()   # Ctrl-C, SIGTERM, SIGHUP: one line at any momen
 import torch  # noqa: E402
 
 from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
-from hrmlm.common import DTYPES, SIGNALLED, auto_device, auto_dtype, check_device, fail, precision_context
+from hrmlm.common import DTYPES, SIGNALLED, auto_dtype, fail, precision_context, usable_device
 from configurator import configure
 from hrmlm.data import get_codec, load_meta
 from hrmlm.engine import KV_POLICIES, cache_slots, stream
@@ -56,10 +56,7 @@ if kv not in KV_POLICIES or (kv != "full" and not use_cache):
          f", got kv={kv!r}" + ("" if use_cache else " and use_cache=False"))
 if num_samples < 1 or max_new_tokens < 0:
     fail("num_samples must be >= 1 and max_new_tokens >= 0")
-try:
-    device = check_device(auto_device(device))
-except ValueError as e:
-    fail(str(e))
+device = usable_device(device)
 device_type = "cuda" if device.startswith("cuda") else "cpu"
 dtype = auto_dtype(dtype, device_type)
 if dtype not in DTYPES:

@@ -14,8 +14,9 @@ nanoGPT: each of W ranks runs 1/W of them. Micro-batch j of iteration i is drawn
 own seeded generator, so a run gives the same numbers with 1 or W processes, and after a
 resume (the sampler's whole state is the iteration number).
 
-It reads top to bottom: the settings; one call that checks everything and either stops with one line per
-problem or hands back the run (checkpoint.start_run); the data; the model and optimiser; the loop (Algorithm 1).
+It reads top to bottom, in nanoGPT's order: the settings; the process group, device and precision; one call that
+checks the rest and either stops with one line per problem or hands back the run (checkpoint.start_run); the
+data; the model and optimiser; the loop (Algorithm 1).
 """
 
 import math
@@ -41,7 +42,8 @@ from hrmlm import data  # noqa: E402
 from hrmlm import engine  # noqa: E402
 from hrmlm import parallel  # noqa: E402
 from hrmlm.checkpoint import CKPT_BEST, CKPT_LAST, append_log, start_run  # noqa: E402
-from hrmlm.common import DIVERGED, DTYPES, fail, fmt_time, precision_context, torch_line  # noqa: E402
+from hrmlm.common import (DIVERGED, DTYPES, auto_dtype, fail, fmt_time, precision_context, torch_line,  # noqa: E402
+                          usable_device)
 from configurator import configure  # noqa: E402
 from hrmlm.flops import counted_train_flops, device_peak_tflops  # noqa: E402
 from model import ModelConfig, build_model  # noqa: E402
@@ -112,13 +114,15 @@ seed = 1337                  # everything random derives from this
 # -----------------------------------------------------------------------------
 config = configure(globals(), prog="train.py")
 
-# --- one call checks everything before work (device, settings, dataset, out_dir, the checkpoint to start from):
-# each problem is one line and every rank stops on it (exit status 2), or it hands back the run ---------------
-run = start_run(config)   # checkpoint.Run: the checked settings, the dataset, the checkpoint, the counters
-ranks, dtype = run.ranks, run.dtype
+# --- setup, in nanoGPT's order: the process group on its device, the precision, then one call that checks the rest
+# before any work (settings, dataset, out_dir, the checkpoint to start from): each problem is one line and every
+# rank stops on it (exit status 2), or it hands back the run ----------------------------------------------------
+ranks = parallel.init_process_group(usable_device(device))   # one process, or a rank of torchrun's (DDP/FSDP)
 device, master, world_size = ranks.device, ranks.master, ranks.world_size
 device_type = "cuda" if device.startswith("cuda") else "cpu"
-gradient_accumulation_steps, batch_size = config["gradient_accumulation_steps"], config["batch_size"]  # per world size
+dtype = auto_dtype(dtype, device_type)   # "auto": bfloat16 on CUDA, float32 on CPU
+run = start_run(config, ranks, dtype)   # checkpoint.Run: the checked settings, the dataset, the checkpoint, the counters
+gradient_accumulation_steps, batch_size = config["gradient_accumulation_steps"], config["batch_size"]  # fitted to W
 
 
 def log(msg):

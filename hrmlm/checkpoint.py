@@ -608,22 +608,16 @@ class Run:
         self.ckpt = None
 
 
-def start_run(config):
-    """Everything train.py can check before any work, in order: the device and process group, the settings,
-    the dataset, the model's settings, wandb; then whether out_dir already holds this very run, finished (say so
-    and exit 0); out_dir's lock; the checkpoint to start from and, to resume, whether it fits these settings.
+def start_run(config, ranks, dtype):
+    """Everything train.py can check before any work once its process group is up (ranks) and its precision known
+    (dtype), in order: the settings, the dataset, the model's settings, wandb; then whether out_dir already holds
+    this very run, finished (say so and exit 0); out_dir's lock; the checkpoint to start from and, to resume,
+    whether it fits these settings.
     Each problem is one line and every rank stops on them together (exit status 2: common.fail); else the Run,
     with its checkpoint loaded (weights not yet applied) and the errors and notes left for Run.restore."""
     from hrmlm import data
-    from hrmlm.common import auto_device, auto_dtype, check_device, fail
     from configurator import check_train_settings, train_setting_notes
     c = config
-    try:
-        device = check_device(auto_device(c["device"]))
-    except ValueError as e:
-        fail(str(e), prog="train.py")
-    ranks = parallel.init_process_group(device)   # one process, or one rank of torchrun's (DDP/FSDP)
-    dtype = auto_dtype(c["dtype"], "cuda" if ranks.device.startswith("cuda") else "cpu")
     errors = check_train_settings(dict(c, dtype=dtype), ranks.ddp)   # ranges, choices, combinations
     resume, notes = c["init_from"] == "resume", []   # notes: printed once every check has passed
     if not errors:

@@ -78,6 +78,14 @@ def torch_line(device):
     return f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, {device}{name}"
 
 
+def usable_device(device, prog=None):
+    """auto_device then check_device: the device to run on, or stop with check_device's one line (exit status 2)."""
+    try:
+        return check_device(auto_device(device))
+    except ValueError as e:   # the line names the script that asked (train.py, sample.py, bench.py)
+        fail(str(e), prog=prog or os.path.basename(sys._getframe(1).f_code.co_filename))
+
+
 def check_device(device):
     """A device this machine has and these scripts run on (cpu, cuda, cuda:<index>; after auto_device), or a
     ValueError with one line saying why not. Checked before anything is written or deleted."""

@@ -48,7 +48,8 @@ SLOW = ["out-hps-hrm", "out-hps-tf", "out-ms-hrm",   # the HPSearch and MultiSee
         "ckpt_memory.py --label=after",                   # a 144M-parameter model on 2 ranks, twice (2 min)
         "config/shakespeare_hrm.py && python sample.py",   # CI time: the BPE data and HRM train in other CI tests
         "--nproc_per_node=2 train.py config/char_hrm.py"]  # CI time: test_distributed runs 2 gloo ranks in CI
-ELSEWHERE = {"--markdown=80,96": ("tests/test_plan.py", "test_memory_table_is_plans_output")}   # run, output checked
+ELSEWHERE = {"--markdown=80,96": ("tests/test_plan.py", "test_memory_table_is_plans_output"),   # run, output checked
+             "hrmlm_val.yaml": ("tests/test_export.py", "test_lm_eval_perplexity_agrees_with_analyze")}   # needs lm-eval
 # (that one is slow; in CI, test_memory_table_rows_are_plans_output_for_one_config_of_each_kind runs four configs)
 
 

@@ -74,11 +74,18 @@ def write_eval_task(ck, to, final, data_dir, doc_tokens=2048):
     where the folder `to` will be (final).
     Skipped, with a note, where the dataset is not on this machine."""
     import numpy as np
-    from hrmlm.data import get_codec
+    from hrmlm.data import get_codec, load_meta
     dataset = (ck.get("config") or {}).get("dataset", "shakespeare")
-    path = os.path.join(data_dir or (ck.get("config") or {}).get("data_dir") or "data", dataset, "val.bin")
-    if not os.path.isfile(path) or not ck.get("meta"):
-        print(f"note: {path} not found: no lm_eval task written (pass --data_dir)")
+    data_dir = data_dir or (ck.get("config") or {}).get("data_dir") or "data"
+    path = os.path.join(data_dir, dataset, "val.bin")
+    try:
+        same = {k: load_meta(data_dir, dataset).get(k) for k in ("tokenizer", "chars")} == \
+            {k: (ck.get("meta") or {}).get(k) for k in ("tokenizer", "chars")}
+    except (OSError, ValueError):
+        same = False
+    if not os.path.isfile(path) or not same:
+        print(f"note: no lm_eval task written: {path} is not there, or not the vocabulary the run was trained on "
+              f"(pass --data_dir)")
         return
     ids = np.fromfile(path, dtype=np.uint16).tolist()
     decode = get_codec(ck["meta"])[1]
