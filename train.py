@@ -15,8 +15,7 @@ own seeded generator, so a run gives the same numbers with 1 or W processes, and
 resume (the sampler's whole state is the iteration number).
 
 It reads top to bottom, in nanoGPT's order: the settings; the process group, device and precision; one call that
-checks the rest and either stops with one line per problem or hands back the run (checkpoint.start_run); the
-data; the model and optimiser; the loop (Algorithm 1).
+checks the rest, one line per problem (checkpoint.start_run); the data; the model and optimiser; the loop.
 """
 
 import math
@@ -41,7 +40,7 @@ import torch  # noqa: E402
 from hrmlm import data  # noqa: E402
 from hrmlm import engine  # noqa: E402
 from hrmlm import parallel  # noqa: E402
-from hrmlm.checkpoint import CKPT_BEST, CKPT_LAST, append_log, start_run  # noqa: E402
+from hrmlm.checkpoint import CKPT_BEST, CKPT_LAST, append_log, finish_sharded, start_run  # noqa: E402
 from hrmlm.common import (DIVERGED, DTYPES, auto_dtype, fail, fmt_time, precision_context, torch_line,  # noqa: E402
                           usable_device)
 from configurator import configure  # noqa: E402
@@ -270,13 +269,14 @@ def evaluate(lr, grad_norm, t_start, stop):
         if losses["val"] < run.best_val_loss:
             run.best_val_loss, run.best_iter = losses["val"], it
         run.save(ckpt_best, raw_model, optimizer)
-    run.save(ckpt_last, raw_model, optimizer)
+    run.save(ckpt_last, raw_model, optimizer, wait=False)   # written in the background, made whole by finish_sharded
 
 
 def diverged(why):
     """Stop with exit status 3, naming the last good checkpoint: a run that diverged never says "done"."""
     good = (f"{ckpt_best} (iter {run.best_iter}, val loss {run.best_val_loss:.4f})" if run.best_iter is not None
             and os.path.exists(ckpt_best) else "none (no evaluation beat the initial model)")
+    finish_sharded()
     parallel.end_process_group(ranks)
     fail(f"{why}; last good checkpoint: {good}", DIVERGED, show=master)
 
@@ -350,6 +350,7 @@ while True:  # Loop 1
             f"lr {lr:.3e}, grad norm {grad_norm:.3f}, {dt * 1000:.1f} ms/iter, {tokens_per_iter / dt:,.0f} tok/s, "
             f"MFU {flops_per_iter / dt / peak_flops:.1%} | {fmt_time(elapsed)} elapsed, {fmt_time(left)} left")
 
+finish_sharded()   # the last resume state, made whole (every exit that saves does it: a signal's, a divergence's)
 if bad_in_row:   # fewer than max_nonfinite iterations were left: the run still did not do what it was asked
     diverged(f"the last {bad_in_row} iteration(s) up to iter {run.iter_num} were all non-finite (steps skipped)")
 log(f"done: {run.iter_num} iterations, best val loss {run.best_val_loss:.4f}, {time.time() - t_start:.1f} s" +

@@ -292,53 +292,105 @@ def _dist():
     return 0, 1, lambda: None
 
 
-def save_sharded(path, model, optimizer, info, master):
+PENDING = []      # the save of ckpt_last.dcp being written in the background: (thread, future, path, info, error)
+SAVE_GROUP = []   # under torchrun, the process group those background writes coordinate on (gloo, their own)
+
+
+def save_sharded(path, model, optimizer, info, master, wait=True):
     """ckpt_last.dcp: every rank writes its own shards of the weights and AdamW state at once
     (torch.distributed.checkpoint), so no rank gathers the model and each writes 1/W of it; rank 0 adds
-    meta.pt (info: settings, iteration, AdamW's hyperparameters; each file's checksum). Written into path.tmp,
-    then swapped in; an older run's ckpt_last.pt beside it is removed. Every rank calls it."""
+    meta.pt (info: settings, iteration, AdamW's hyperparameters; every file's checksum). The state is copied to
+    host memory at once and written into path.tmp in the background (dcp.async_save) while training goes on; as
+    soon as every rank's files are written, rank 0 (in the background too) sums them, writes meta.pt and swaps
+    the folder in whole. A kill before that leaves the previous ckpt_last.dcp, as a kill mid-write always did.
+    The next save, the run's end, a signal's save (wait=True) wait for it (finish_sharded). Every rank calls it."""
+    import threading
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    tmp, old = path + ".tmp", path + ".tmp.old"
+    finish_sharded()
+    tmp = path + ".tmp"
     rank, world, barrier = _dist()
     try:
         if master and os.path.exists(tmp):
             shutil.rmtree(tmp)
         barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in optim_sd["param_groups"]]
+        if world > 1 and not SAVE_GROUP:   # training's collectives stay on the default group, never interleaved
+            SAVE_GROUP.append(dist.new_group(backend="gloo"))
         with warnings.catch_warnings():   # one process writing its one shard file is what we mean
             warnings.filterwarnings("ignore", "torch.distributed is disabled")
-            dcp.save({"model": model_sd, "optimizer": optim_sd["state"]}, checkpoint_id=tmp, no_dist=world == 1)
-        sums = [{n: file_crc(os.path.join(tmp, n)) for n in os.listdir(tmp) if n.startswith(f"__{rank}_")}]
-        if world > 1:   # each rank's checksums of its own files, to the master, which writes them into meta.pt
-            sums, mine = [None] * world, sums[0]
-            dist.all_gather_object(sums, mine)
-        if master:
-            groups = [{k: v for k, v in g.items() if k != "params"} for g in optim_sd["param_groups"]]
-            sums = {k: v for d in sums for k, v in d.items()} | {".metadata": file_crc(os.path.join(tmp, ".metadata"))}
-            with open(os.path.join(tmp, DCP_META), "wb") as f:
-                torch.save(dict(info, param_groups=groups, checksums=sums), f)
-                f.flush()
-                os.fsync(f.fileno())
-            if os.path.exists(path):   # the old one leaves only once the new one is whole
-                os.replace(path, old)
-            os.replace(tmp, path)
-            for stale in (old, os.path.join(os.path.dirname(path), OLD_LAST)):
-                try:
-                    remove(stale)
-                except OSError:   # absent, or it cannot go (read-only): harmless, a resume reads ckpt_last.dcp
-                    pass
-        barrier()
+            future = dcp.async_save({"model": model_sd, "optimizer": optim_sd["state"]}, checkpoint_id=tmp,
+                                    no_dist=world == 1, process_group=SAVE_GROUP[0] if SAVE_GROUP else None)
     except (OSError, RuntimeError, CheckpointException) as e:   # the last: dcp's, a BaseException
-        if isinstance(e, CheckpointException):
-            e = next(iter(e.failures.values()), (e,))[0]   # {rank: (exception, its traceback)}
-        if master:   # a full disk: the half-written folder goes now, not at the next start
-            shutil.rmtree(tmp, ignore_errors=True)
-        # a rank whose own write worked sees the failing rank leave its collective: that one speaks for both
-        stop_on_write_error(f"save {path}", info.get("iter_num"), e, os.path.dirname(path),
-                            show=master or isinstance(e, OSError))
+        save_failed(e, path, info, master)
+    error = []
+    thread = threading.Thread(target=swap_in, args=(future, path, dict(info, param_groups=groups), error),
+                              daemon=True) if master else None
+    if thread:
+        thread.start()
+    PENDING.append((thread, future, path, info, error))
+    if wait:
+        finish_sharded()
+
+
+def swap_in(future, path, info, error):
+    """Rank 0's end of a background save, once dcp has written every rank's files (and its .metadata): their
+    checksums and the rest into meta.pt, then the folder in place of the old one, which leaves only now; an
+    older run's ckpt_last.pt beside it goes. An error is kept in `error` for finish_sharded to report."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    tmp, old = path + ".tmp", path + ".tmp.old"
+    try:
+        future.result()
+        sums = {n: file_crc(os.path.join(tmp, n)) for n in os.listdir(tmp)}
+        with open(os.path.join(tmp, DCP_META), "wb") as f:
+            torch.save(dict(info, checksums=sums), f)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.exists(path):
+            os.replace(path, old)
+        os.replace(tmp, path)
+        for stale in (old, os.path.join(os.path.dirname(path), OLD_LAST)):
+            try:
+                remove(stale)
+            except OSError:   # absent, or it cannot go (read-only): harmless, a resume reads ckpt_last.dcp
+                pass
+    except (OSError, RuntimeError, CheckpointException) as e:
+        error.append(e)
+
+
+def finish_sharded():
+    """Wait for the background save of ckpt_last.dcp, if one is pending, to be whole (or stop with its error, one
+    line). Every rank calls it, at the same point."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    if not PENDING:
+        return
+    thread, future, path, info, error = PENDING.pop()
+    master = thread is not None
+    try:
+        future.result()   # this rank's writes: their error, if any, is raised here
+        if thread:
+            thread.join()
+            if error:
+                raise error[0]
+        _dist()[2]()   # barrier: every rank past the swap before the next save starts
+    except (OSError, RuntimeError, CheckpointException) as e:
+        save_failed(e, path, info, master)
+
+
+def save_failed(e, path, info, master):
+    """A save of ckpt_last.dcp that failed (a full disk): its half-written folder goes now, not at the next start,
+    and the run stops with one line (stop_on_write_error)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    if isinstance(e, CheckpointException):
+        e = next(iter(e.failures.values()), (e,))[0]   # {rank: (exception, its traceback)}
+    if master:
+        shutil.rmtree(path + ".tmp", ignore_errors=True)
+    # a rank whose own write worked sees the failing rank leave its collective: that one speaks for both
+    stop_on_write_error(f"save {path}", info.get("iter_num"), e, os.path.dirname(path),
+                        show=master or isinstance(e, OSError))
 
 
 def load_sharded(path, model, optimizer=None, param_groups=None):
@@ -553,16 +605,17 @@ class Run:
     def resume(self):
         return self.config["init_from"] == "resume"
 
-    def save(self, path, model, optimizer):
+    def save(self, path, model, optimizer, wait=True):
         """ckpt.pt (the best model, for sampling) holds the weights and settings, one file the master writes
         atomically; ckpt_last.dcp (for resume) also the AdamW state and the counters, the shards every rank writes at
         once. Every rank calls it (FSDP gathers ckpt.pt's weights to the master)."""
         c, master, fsdp = self.config, self.ranks.master, self.config["fsdp"]
+        finish_sharded()   # the last resume state first, whole (or its error, one line): saves stay in order
         info = {"model_args": self.model_args, "config": c, "iter_num": self.iter_num,
                 "best_val_loss": self.best_val_loss, "best_iter": self.best_iter, "meta": self.meta}
         if os.path.basename(path) == CKPT_LAST:
             info.update(skipped_total=self.skipped_total, eval_pending=self.eval_pending, grad_norm=self.grad_norm)
-            return save_sharded(path, model, optimizer, info, master)
+            return save_sharded(path, model, optimizer, info, master, wait)
         model_sd = full_weights(model, self.ranks, fsdp) if master or fsdp else None   # FSDP: a collective
         if master:
             save_checkpoint(path, dict(info, model=model_sd))

@@ -170,6 +170,47 @@ def test_kill_mid_save_between_log_and_checkpoint(data_dir, tmp_path):
         assert a[it]["val_loss"] == b[it]["val_loss"]
 
 
+# torch.distributed.checkpoint's file writer, stuck at its second save (iteration 4's ckpt_last.dcp) in the background
+# thread that writes it: it touches $MARKER and sleeps, while training goes on, for the test to SIGKILL mid-write
+STUCK_WRITER = r"""
+import os, threading, time
+from torch.distributed.checkpoint import filesystem
+real, calls = filesystem._FileSystemWriter.write_data, [0]
+def write_data(self, *a, **k):
+    calls[0] += 1
+    if calls[0] == 2:
+        assert threading.current_thread() is not threading.main_thread()   # written in the background
+        open(os.environ["MARKER"], "w").close()
+        time.sleep(600)
+    return real(self, *a, **k)
+filesystem._FileSystemWriter.write_data = write_data
+"""
+
+
+def test_a_kill_during_a_background_save_loses_nothing(data_dir, tmp_path):
+    """ckpt_last.dcp is written in the background (dcp.async_save) while training goes on. SIGKILL while iteration 4's
+    is being written, training already past it: the previous one (iteration 2) is intact, and the resume logs what an
+    uninterrupted run logs, each iteration once; the half-written folder goes."""
+    ref, out, marker = str(tmp_path / "ref"), str(tmp_path / "run"), str(tmp_path / "writing")
+    args = HRM + ["--max_iters=8", "--eval_interval=2", "--log_interval=1"]
+    run_train(args, data_dir, ref)
+    cmd = patched(STUCK_WRITER, tmp_path, train_cmd(args, data_dir, out))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(ENV, MARKER=marker), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: os.path.exists(marker) or proc.poll() is not None, 120, "iteration 4's save to start")
+        read_until(proc, "iter 5/", timeout=120)   # training went on while it was being written
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    assert last_state(out)["iter_num"] == 2 and os.path.isdir(os.path.join(out, "ckpt_last.dcp.tmp"))
+    run_train(args + ["--init_from=resume"], data_dir, out)
+    assert raw_log(out, "iter") == raw_log(ref, "iter") == [0, 2, 4, 6, 8]
+    a, b = by_iter(ref), by_iter(out)
+    assert all(a[it]["val_loss"] == b[it]["val_loss"] and a[it]["train_loss"] == b[it]["train_loss"] for it in a)
+    assert not [n for n in os.listdir(out) if ".tmp" in n]
+
+
 # --- resume: exact after a signal; refused where it cannot be exact; schedule changes allowed with a note ---
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
