@@ -585,7 +585,6 @@ class Run:
     resume continues; the rest is fixed for the run."""
     config: dict             # the settings (micro-batches fitted to the world size; vocab_size the dataset's)
     ranks: object            # parallel.Ranks: this process among torchrun's (or alone)
-    dtype: str               # "auto" resolved
     splits: dict             # the dataset's train/val tokens, memory-mapped (data.open_dataset)
     meta: dict               # its meta.json (None where there is none)
     model_args: dict         # the ModelConfig fields, as checkpoints keep them
@@ -701,7 +700,7 @@ def start_run(config, ranks, dtype):
             import wandb  # noqa: F401
         except ImportError:
             errors.append("wandb_log=True needs the wandb package: pip install wandb (or leave wandb_log off)")
-    run = Run(c, ranks, dtype, splits, meta, model_args, notes=notes)
+    run = Run(c, ranks, splits, meta, model_args, notes=notes)
     out_dir = c["out_dir"]
     finished = not resume and not c["overwrite"] and not c["eval_only"] and not errors and finished_run(out_dir, c)
     if finished and ranks.master:   # the same command again: say so, touch nothing
