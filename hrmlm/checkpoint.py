@@ -45,6 +45,8 @@ from model import MODEL_FIELDS, ModelConfig, build_model
 CKPT_BEST, CKPT_LAST, LOG, LOCK = "ckpt.pt", "ckpt_last.dcp", "log.jsonl", ".lock"
 OLD_LAST = "ckpt_last.pt"   # older code's single-file resume state: read, never written
 RUN_FILES = (LOG, CKPT_BEST, CKPT_LAST, OLD_LAST)   # what makes a folder hold a run
+# dcp warns, from its writer's thread too, whenever one process saves or loads alone: what every run without torchrun means
+warnings.filterwarnings("ignore", "torch.distributed is disabled, unavailable or uninitialized")
 DCP_META = "meta.pt"   # in ckpt_last.dcp: everything but the tensors (settings, iteration, AdamW's hyperparameters)
 # Settings a resume must keep: they decide which tokens each iteration sees and how val is measured, so
 # changing them breaks exact resume. The others (max_iters, the learning-rate schedule, ...) may change.
@@ -320,10 +322,8 @@ def save_sharded(path, model, optimizer, info, master, wait=True):
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optim_sd["param_groups"]]
         if world > 1 and not SAVE_GROUP:   # training's collectives stay on the default group, never interleaved
             SAVE_GROUP.append(dist.new_group(backend="gloo"))
-        with warnings.catch_warnings():   # one process writing its one shard file is what we mean
-            warnings.filterwarnings("ignore", "torch.distributed is disabled")
-            future = dcp.async_save({"model": model_sd, "optimizer": optim_sd["state"]}, checkpoint_id=tmp,
-                                    no_dist=world == 1, process_group=SAVE_GROUP[0] if SAVE_GROUP else None)
+        future = dcp.async_save({"model": model_sd, "optimizer": optim_sd["state"]}, checkpoint_id=tmp,
+                                no_dist=world == 1, process_group=SAVE_GROUP[0] if SAVE_GROUP else None)
     except (OSError, RuntimeError, CheckpointException) as e:   # the last: dcp's, a BaseException
         save_failed(e, path, info, master)
     error = []
@@ -412,9 +412,7 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
         state = {"model": model_sd} | ({"optimizer": optim_sd["state"]} if optimizer is not None else {})
         logging.disable(logging.ERROR)   # dcp logs each failure with a traceback; the line below is the one
         try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "torch.distributed is disabled")
-                dcp.load(state, checkpoint_id=path, no_dist=_dist()[1] == 1)   # in place, into this rank's tensors
+            dcp.load(state, checkpoint_id=path, no_dist=_dist()[1] == 1)   # in place, into this rank's tensors
         except CheckpointException as e:        # a BaseException: a shard missing, truncated or foreign
             why = next(iter(e.failures.values()), (e,))[0]   # {rank: (exception, its traceback)}
             if isinstance(why, (ValueError, RuntimeError)):   # the planner's: a tensor missing or of another shape

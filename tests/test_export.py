@@ -132,3 +132,33 @@ def test_missing_transformers_is_one_line(tmp_path, monkeypatch):
         export_hf.main([f"--out_dir={tmp_path}", f"--to={tmp_path / 'x'}"])
     assert str(e.value) == "export_hf.py: error: tools/export_hf.py needs transformers: pip install -r requirements-hf.txt"
     assert not (tmp_path / "x").exists()
+
+
+def test_lm_eval_perplexity_agrees_with_analyze(hf, char_data, tmp_path):
+    """The folder's lm_eval task, run offline by lm-evaluation-harness on the held-out split: its byte perplexity (a
+    character per byte here) is exp of analyze.py's val CE, within 0.05 nats (other windows of the same text: the
+    quick start's model gives 2.231 against 2.238)."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("accelerate")
+    import math
+    from conftest import char_tiny, run_train
+    out = str(tmp_path / "run")
+    run_train(char_tiny(out, "--max_iters=40", "--eval_interval=40", "--learning_rate=1e-2"), char_data, out)
+    hf_dir = tmp_path / "hf"
+    p = run_script("tools/export_hf.py", f"--out_dir={out}", f"--to={hf_dir}", f"--data_dir={char_data}")
+    assert p.returncode == 0 and (hf_dir / "lm_eval" / "hrmlm_val.yaml").exists(), p.stderr
+    res = tmp_path / "res"
+    p = subprocess.run(["lm_eval", "--model", "hf", "--model_args", f"pretrained={hf_dir},trust_remote_code=True",
+                        "--tasks", str(hf_dir / "lm_eval" / "hrmlm_val.yaml"), "--device", "cpu", "--batch_size", "8",
+                        "--limit", "20", "--output_path", str(res)], capture_output=True, text=True, cwd=tmp_path,
+                       env=dict(ENV, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"), timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    found = [os.path.join(d, f) for d, _, fs in os.walk(res) for f in fs if f.endswith(".json")]
+    import json
+    ppl = json.load(open(found[0]))["results"]["hrmlm_val"]["byte_perplexity,none"]
+    a = run_script("tools/analyze.py", f"--out_dir={out}", f"--data_dir={char_data}", "--batches=64",
+                   f"--json={tmp_path / 'a.json'}")
+    assert a.returncode == 0, a.stderr
+    ce = json.load(open(tmp_path / "a.json"))["ce"]
+    assert ce < math.log(len(CHARS)) - 0.5, ce   # the model learned something (else any agreement is trivial)
+    assert abs(math.log(ppl) - ce) < 0.05, (math.log(ppl), ce)
