@@ -138,6 +138,7 @@ def test_stale_temporary_is_removed_on_resume(trained, data_dir, tmp_path):
 
 # --- SIGKILL mid-save, after the log line: the log and the checkpoints stay consistent ---------------------
 
+@pytest.mark.slow   # CI time (25 s): CI's background-save kill test SIGKILLs mid-write and checks the log and the resume
 def test_kill_mid_save_between_log_and_checkpoint(data_dir, tmp_path):
     """SIGKILL while ckpt.pt of iteration 4 is half written, after the log line for 4: the previous checkpoints
     still load, as they were; the half-written temporary is all that is left of the save; the resumed run
@@ -546,6 +547,7 @@ def test_legacy_run_resumes(legacy_run, char_data):
     assert alphas == {"alpha_L": sd["L_net.alpha"].item(), "alpha_H": sd["H_net.alpha"].item()}
 
 
+@pytest.mark.slow   # CI time: CI resumes the old run in one process (above) and FSDP's folders at 1 and 2 ranks
 def test_legacy_run_resumes_under_fsdp(legacy_run, char_data):
     """The old single-file ckpt_last.pt (one process, iteration 4) resumes under FSDP, to the old code's numbers,
     and goes on sharded."""
