@@ -12,7 +12,8 @@ Each function takes what it needs as arguments, so every script (and a test) can
   take_out_dir     lock the folder and refuse to mix two runs in it
   finished_run     whether the folder holds a finished run of these very settings (nothing to do)
   save_checkpoint  ckpt.pt, atomic (common.atomic_write: a temporary beside it, fsync, os.replace); a full disk is one line
-  save_sharded, load_sharded  ckpt_last.dcp: written by every rank at once, read at any world size
+  save_sharded, load_sharded  ckpt_last.dcp: written by every rank at once, in the background (finish_sharded
+                   waits for it), read at any world size
                    (a ckpt_last.pt of older code is still read, and replaced by ckpt_last.dcp at the first save)
   load_checkpoint  weights_only=True (no pickled code runs), one-line errors; model_from_checkpoint
   find_checkpoint  init_from=<file or out_dir>: the checkpoint a new run starts from
