@@ -3,8 +3,7 @@
 ranks, as train.py sets them up: parallel.fully_shard_model (its MixedPrecisionPolicy) / parallel.wrap,
 precision_context (autocast's weight cache on), 4 global micro-batches (2 per rank, gradients reduced on the last). Rank 0 prints
 one JSON line per case: the worst relative gradient error per parameter at iterations 0 and 1 (None: the
-parameter got no gradient), the largest train-loss difference over the 10 iterations, and the dims of alpha
-and tau as the forward reads them.
+parameter got no gradient) and the largest train-loss difference over the 10 iterations.
 
     torchrun --standalone --nproc_per_node=2 tests/dist_equality.py bfloat16
 """
