@@ -41,7 +41,10 @@ def fail(msg, code=BAD_INPUT, prog=None, show=True, now=False):
     past anything that could block on a collective (a failed write: torchrun stops the other ranks).
     Called from a module another program imported (a test, experiments/sweep.py), nothing is printed: the caller
     gets a SystemExit whose str() is the line, to handle or let through (then Python prints it)."""
-    prog = prog or os.path.basename(sys._getframe(1).f_code.co_filename)
+    frame = sys._getframe(1)
+    while frame.f_code.co_filename == __file__ and frame.f_back:   # a helper here stopping for its caller: the caller
+        frame = frame.f_back
+    prog = prog or os.path.basename(frame.f_code.co_filename)
     line = "\n".join(f"{prog}: error: {m}" for m in ([msg] if isinstance(msg, str) else msg))
     main = os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "")
     if main != prog:
@@ -78,12 +81,13 @@ def torch_line(device):
     return f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, {device}{name}"
 
 
-def usable_device(device, prog=None):
-    """auto_device then check_device: the device to run on, or stop with check_device's one line (exit status 2)."""
+def usable_device(device):
+    """auto_device then check_device: the device to run on, or stop with check_device's one line (exit status 2),
+    named for the script that asked (fail names the caller outside this module)."""
     try:
         return check_device(auto_device(device))
-    except ValueError as e:   # the line names the script that asked (train.py, sample.py, bench.py)
-        fail(str(e), prog=prog or os.path.basename(sys._getframe(1).f_code.co_filename))
+    except ValueError as e:
+        fail(str(e))
 
 
 def check_device(device):
