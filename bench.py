@@ -211,15 +211,16 @@ def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full"
             if pos >= PROMPT + 8:
                 floors.append(floor)
                 steps.append(step)
-        with profile(activities=activities(device)) as prof:
+        activities, t, clock = profiler_clock(device)
+        with profile(activities=activities) as prof:
             for pos in range(PROMPT + 8, PROMPT + 8 + n_prof):   # positions written before: rewritten alike
                 model(tok, cache=cache, pos=at(pos), last_only=True)
         sync(device)
-    ev, t = prof.key_averages(), op_time(device)
+    ev = prof.key_averages()
     mms = [e for e in ev if e.key in ("aten::mm", "aten::addmm")]
     top = sorted(ev, key=lambda e: -t(e))[:8]
     return {"cache": type(cache).__name__, "step_ms": statistics.median(steps) * 1e3,
-            "floor_ms": statistics.median(floors) * 1e3, "clock": "GPU" if device.startswith("cuda") else "CPU",
+            "floor_ms": statistics.median(floors) * 1e3, "clock": clock,
             "steps": len(steps), "profiled_ms": sum(t(e) for e in ev) / n_prof / 1e3,
             "mm_ms": sum(t(e) for e in mms) / n_prof / 1e3,
             "mm_calls": sum(e.count for e in mms) / n_prof,
@@ -227,15 +228,13 @@ def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full"
             "top": [(e.key, t(e) / n_prof / 1e3, e.count / n_prof) for e in top]}
 
 
-def activities(device):
-    """What torch.profiler records: on a GPU its kernels too (the ops' CPU time there is launch cost, not work)."""
+def profiler_clock(device):
+    """--profile's (what torch.profiler records, an op's own time in microseconds, the clock's name): on a GPU its
+    kernels, timed there (the ops' CPU time is launch cost, not work), else the CPU's."""
     from torch.profiler import ProfilerActivity
-    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-
-
-def op_time(device):
-    """An op's own time (microseconds) as --profile counts it: on the device that ran it (a GPU's kernels), else CPU."""
-    return (lambda e: e.self_device_time_total) if device.startswith("cuda") else (lambda e: e.self_cpu_time_total)
+    if device.startswith("cuda"):
+        return [ProfilerActivity.CPU, ProfilerActivity.CUDA], (lambda e: e.self_device_time_total), "GPU"
+    return [ProfilerActivity.CPU], (lambda e: e.self_cpu_time_total), "CPU"
 
 
 def show_profile(name, r):
@@ -243,7 +242,7 @@ def show_profile(name, r):
     fixed = " (fixed-shape cache)" if r.get("cache") == "StaticKVCache" else ""
     print(f"{name}{fixed}: a cached token takes {r['step_ms']:.2f} ms, the floor {r['floor_ms']:.2f} ms (medians of "
           f"{r['steps']} alternating timings): {r['floor_ms'] / r['step_ms']:.0%} of the bound")
-    print(f"  profiled, per token: {r['profiled_ms']:.2f} ms of {r.get('clock', 'CPU')} time in {r['ops']:.0f} ops; matrix products "
+    print(f"  profiled, per token: {r['profiled_ms']:.2f} ms of {r['clock']} time in {r['ops']:.0f} ops; matrix products "
           f"{r['mm_ms']:.2f} ms ({r['mm_ms'] / r['profiled_ms']:.0%}), the same products back to back "
           f"{r['mm_floor_ms']:.2f} ms; the rest {r['profiled_ms'] - r['mm_ms']:.2f} ms")
     for key, ms, calls in r["top"]:

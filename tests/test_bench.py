@@ -199,7 +199,8 @@ def test_bench_on_cuda_is_honest(monkeypatch):
     import bench
     assert bench.default_preset("cuda:0") == "paper" and bench.default_preset("cpu") == "cpu"
     event = types.SimpleNamespace(self_device_time_total=7.0, self_cpu_time_total=3.0)
-    assert bench.op_time("cuda")(event) == 7.0 and bench.op_time("cpu")(event) == 3.0
+    (_, on_gpu, gpu), (_, on_cpu, cpu) = bench.profiler_clock("cuda"), bench.profiler_clock("cpu")
+    assert (on_gpu(event), gpu) == (7.0, "GPU") and (on_cpu(event), cpu) == (3.0, "CPU")
     monkeypatch.setitem(bench.PRESETS, "tiny", dict(bench.PRESETS["tiny"], dtype="bfloat16"))
     built, at_reset = [], []
     real_build = bench.build_model
