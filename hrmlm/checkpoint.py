@@ -404,13 +404,13 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
                                                          set_state_dict)
     try:
         if optimizer is None:
-            model_sd, optim_sd = get_model_state_dict(model), {"state": {}}
+            model_sd, optim_sd = get_model_state_dict(model), None
         else:
             model_sd, optim_sd = get_state_dict(model, optimizer)
         if not os.path.isfile(os.path.join(path, ".metadata")):   # written last: the save did not finish
             raise ShardError(f"{path}: its .metadata (the index of its shards) is missing; resume from an "
                              f"intact checkpoint")
-        state = {"model": model_sd} | ({"optimizer": optim_sd["state"]} if optimizer is not None else {})
+        state = {"model": model_sd} | ({"optimizer": optim_sd["state"]} if optim_sd else {})
         logging.disable(logging.ERROR)   # dcp logs each failure with a traceback; the line below is the one
         try:
             dcp.load(state, checkpoint_id=path, no_dist=_dist()[1] == 1)   # in place, into this rank's tensors
