@@ -541,7 +541,9 @@ def test_legacy_run_resumes(legacy_run, char_data):
     assert [r["iter"] for r in log] == [0, 2, 4, 6]
     got = {k: v for k, v in log[-1].items() if k != "time_s"}
     alphas = {k: got.pop(k) for k in ("alpha_L", "alpha_H")}   # logged since issue 47; the old code did not
-    assert got == {k: v for k, v in want.items() if k != "time_s"}
+    # the old code's numbers, to float32 rounding: they were written on another CPU, and float digits move across
+    # CPUs (ATEN_CPU_CAPABILITY=default here moves them by 1e-7 relative); a resume that lost any state is 1e-3 off
+    assert got == pytest.approx({k: v for k, v in want.items() if k != "time_s"}, rel=1e-5)
     sd = last_state(legacy_run)["model"]   # its first save replaced the old single file with ckpt_last.dcp
     assert not os.path.exists(os.path.join(legacy_run, "ckpt_last.pt"))
     assert alphas == {"alpha_L": sd["L_net.alpha"].item(), "alpha_H": sd["H_net.alpha"].item()}
