@@ -82,6 +82,38 @@ def run_train(args, data_dir, out_dir, check=True, timeout=300, nproc=None):
     return p
 
 
+def error_in_process(script, *args):
+    """python <script> <args> run in this process (runpy, cwd the repository) up to its first error: that error's
+    line (the SystemExit common.fail raises when the script is not the main program; it carries the line a
+    subprocess prints). A subprocess costs 3 s of importing torch, so tests keep a few cases of each script as
+    subprocesses (exit status, no traceback) and run the rest here. Fails where the script stops without an error.
+    Its signal handlers, sys.argv and the working directory are put back."""
+    import runpy
+    import signal
+    from hrmlm.signals import STOP_SIGNALS
+    saved, argv, cwd = {s: signal.getsignal(s) for s in STOP_SIGNALS}, sys.argv, os.getcwd()
+    sys.argv = [os.path.join(ROOT, script), *args]
+    os.chdir(ROOT)
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")   # its main() too
+    except SystemExit as e:
+        line = str(e)
+        assert line.startswith(f"{os.path.basename(script)}: error: ") and "\n" not in line, line
+        return line
+    finally:
+        sys.argv = argv
+        os.chdir(cwd)
+        for s, h in saved.items():
+            signal.signal(s, h)
+    raise AssertionError(f"{script} {' '.join(args)} ran without an error")
+
+
+def train_error_in_process(args, data_dir, out_dir):
+    """error_in_process for train.py with run_train's arguments (and --max_iters=1, should it train)."""
+    return error_in_process("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--max_iters=1",
+                            *args)
+
+
 def train_cmd(args, data_dir, out_dir):
     """The command line run_train runs (for a Popen the test signals or kills)."""
     return [sys.executable, os.path.join(ROOT, "train.py"), *TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}",

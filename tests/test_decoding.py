@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hrmlm import engine
-from conftest import ENV, ROOT, V, char_tiny, make, one_error_line, run_script, run_train, tiny
+from conftest import ENV, ROOT, V, char_tiny, error_in_process, make, one_error_line, run_script, run_train, tiny
 from model import build_model
 
 # --- cached decoding ------------------------------------------------------------------------------
@@ -421,7 +421,10 @@ def test_long_prompt_is_cropped_with_a_note(ckpt_dir, tmp_path):
     (["--kv=last", "--use_cache=False"], "with use_cache=True, got kv='last' and use_cache=False"),
 ])
 def test_sample_bad_input_is_one_line(ckpt_dir, args, msg):
-    line = one_error_line(sample(f"--out_dir={ckpt_dir}", *args), prog="sample.py")
+    if args[0] in ("--out_dir=/nonexistent", "--tempreature=1"):   # the real entry point: exit status, no traceback
+        line = one_error_line(sample(f"--out_dir={ckpt_dir}", *args), prog="sample.py")
+    else:
+        line = error_in_process("sample.py", f"--out_dir={ckpt_dir}", *args)
     assert msg in line, line
 
 

@@ -59,6 +59,9 @@ def test_alpha_and_tau_keep_bf16_activations_bf16():
     assert z.dtype == torch.bfloat16 and w.dtype == torch.bfloat16, (z.dtype, w.dtype)
 
 
+# slow (CI time, 19 s): CI checks FSDP's bf16 against one process for every arch in test_bf16_matches_one_process (the
+# policy train.py applies, parallel.fully_shard_model) and train.py under FSDP in float32 (resumes_anywhere below)
+@pytest.mark.slow
 def test_fsdp_bf16_train_py_matches_one_process(data_dir, tmp_path):
     """train.py itself (its autocast settings under FSDP): 10 bf16 iterations of HRM on 2 FSDP ranks against one
     process, within 2e-3 at every iteration (before the fix: 0.10 apart at the end of the issue's run)."""

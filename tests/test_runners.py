@@ -97,6 +97,7 @@ def test_a_signal_to_the_runner_stops_its_run_and_it_saves(sig, everyone, data_d
     assert not os.path.exists(jobs[1][0])   # the next run never started
 
 
+@pytest.mark.slow   # CI time (16 s): CI runs the runner's signal handling through the SIGTERM case above
 def test_a_run_stopped_by_a_signal_stops_the_runner(data_dir, tmp_path):
     """SIGTERM to one run (not to the runner): it saves and the runner stops as if it had the signal, instead
     of counting the run as failed and starting the next one."""

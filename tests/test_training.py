@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from conftest import (ENV, HRM, PAPER_MODELS, ROOT, char_tiny, copy_run, last_state, one_error_line, patched,
-                      progress_losses, raw_log, run_script, run_train, snapshot, train_cmd)
+                      progress_losses, raw_log, run_script, run_train, snapshot, train_cmd,
+                      train_error_in_process)
 from configurator import ConfigError, apply_config, model_config, read_settings
 from model import build_model
 from tools.plan import train_defaults
@@ -79,14 +80,20 @@ def test_configurator_cases(tmp_path):
     (["--arch=unitf", "--train_kv=fired"], "got arch='unitf'"),
     (["--arch=unitf", "--train_kv=last", "--compile=True"], "compile=True"),
 ])
-def test_train_config_errors_stop_before_work(args, msg, data_dir, tmp_path):
+def test_train_config_errors_stop_before_work(args, msg, data_dir, tmp_path, capfd):
     if args[0].startswith("--dataset"):
-        p = run_train(args + ["--data_dir=data"], data_dir, str(tmp_path), check=False)
-    else:
+        args = args + ["--data_dir=data"]
+    if args[0] in SUBPROCESS:   # the real entry point: exit status 2, one line, no traceback
         p = run_train(args, data_dir, str(tmp_path), check=False)
-    line = one_error_line(p)   # one line, no traceback
+        line, out = one_error_line(p), p.stdout
+    else:
+        line, out = train_error_in_process(args, data_dir, str(tmp_path)), capfd.readouterr().out
     assert msg in line, line
-    assert "step 0" not in p.stdout
+    assert "step 0" not in out
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)   # stopped before out_dir was made: before any work
+
+
+SUBPROCESS = ("--bogus=1", "--K=0", "--dataset=nowhere", "--learning_rate=-1")   # one of each checker's kind
 
 
 def test_train_kv_trains_and_evaluates_through_the_cache(data_dir, tmp_path):
