@@ -45,7 +45,7 @@ from hrmlm.common import (DIVERGED, DTYPES, auto_dtype, fail, fmt_time, precisio
                           usable_device)
 from configurator import configure  # noqa: E402
 from hrmlm.flops import counted_train_flops, device_peak_tflops  # noqa: E402
-from model import ModelConfig, build_model  # noqa: E402
+from model import ModelConfig  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # Defaults: the paper's OpenWebText setup (section "Setup"; Table "Ablation" base: HRM d=4096,
@@ -141,11 +141,10 @@ def get_batch(split, stream, i, j):   # micro-batch j of iteration i of a stream
 # --- model and optimiser ------------------------------------------------------------------------
 torch.manual_seed(seed)  # the model's init: identical on every rank
 model_config = ModelConfig(**run.model_args)
-model = build_model(model_config)
-errors = run.load_weights(model)   # a single-file checkpoint's weights, before the model is moved and sharded
-model.to(device)
-if fsdp:
-    parallel.fully_shard_model(model, DTYPES[dtype])   # FSDP2: weights, gradients and AdamW state sharded
+# built on the meta device, then each rank's tensors on its device with the init a CPU build draws, bit for bit;
+# fsdp: FSDP2, weights, gradients and AdamW state sharded (each rank materialises only its shards)
+model = parallel.build_on_device(model_config, device, ranks, fsdp, DTYPES[dtype])
+errors = run.load_weights(model)   # a single-file checkpoint's weights (init_from=<file>, an older run's resume)
 params = list(model.parameters())
 # AdamW groups: matrices and the embedding (decayed); norms (and alpha, tau); with scalar_lr_mult != 1, alpha and
 # tau (one element each, also under FSDP) on their own, at that multiple of the lr

@@ -4,8 +4,8 @@ Peak host memory per rank of an FSDP run's checkpoint save and resume, on the CP
     python experiments/ckpt_memory.py                       # this checkout
     python experiments/ckpt_memory.py --code=/path/to/other/checkout --label=before
 
-Two train.py runs on 2 ranks of a ~140M-parameter HRM (d=1536) on the character data (python prepare.py
---dataset=shakespeare_char): "save" trains 1 iteration and saves (ckpt.pt and the resume state), "resume"
+Three train.py runs on 2 ranks of a ~140M-parameter HRM (d=1536) on the character data (python prepare.py
+--dataset=shakespeare_char): "start" builds the model and evaluates it (--eval_only), "save" trains 1 iteration and saves (ckpt.pt and the resume state), "resume"
 loads that resume state and evaluates (--eval_only). Each rank samples its own anonymous resident memory
 (RssAnon: the heap, not file pages the kernel can drop, such as a memory-mapped checkpoint) every 2 ms and
 reports the peak. Prints one markdown row per phase and rank.
@@ -57,7 +57,8 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = os.path.join(tmp, "run")
-        phases = {"save": ["--max_iters=1", "--eval_interval=1"],
+        phases = {"start": ["--eval_only=True", f"--out_dir={out_dir}-start"],   # the model built, one evaluation
+                  "save": ["--max_iters=1", "--eval_interval=1"],
                   "resume": ["--max_iters=1", "--init_from=resume", "--eval_only=True"]}
         for phase, extra in phases.items():
             mark = os.path.join(tmp, phase)
@@ -70,7 +71,7 @@ def main():
                 from hrmlm.common import SIGNALLED, fail
                 fail(f"{phase} failed:\n{p.stderr[-3000:]}",
                      code=p.returncode if p.returncode > 0 else SIGNALLED - p.returncode)
-            if phase == "save":
+            if phase == "start":
                 params = next(l for l in p.stdout.splitlines() if "parameters" in l).split(":")[1].split("parameters")[0]
             for rank in (0, 1):
                 gb = json.load(open(f"{mark}.{rank}")) / 1e9

@@ -619,12 +619,13 @@ class Run:
             save_checkpoint(path, dict(info, model=model_sd))
 
     def load_weights(self, model):
-        """A single-file checkpoint's weights into the model (before it is moved or sharded), dropped from the
-        checkpoint at once (its memory too). A sharded one's come with the optimizer (restore)."""
+        """A single-file checkpoint's weights into the model (whole, or each rank its FSDP shards), dropped from
+        the checkpoint at once (its memory too). A sharded one's come with the optimizer (restore)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         if self.ckpt is not None and "model" in self.ckpt:
             try:
-                model.load_state_dict(self.ckpt.pop("model"))
-            except RuntimeError as e:   # a missing key, a tensor of another shape: named in the one line
+                set_model_state_dict(model, self.ckpt.pop("model"), options=StateDictOptions(full_state_dict=True))
+            except (KeyError, ValueError, RuntimeError) as e:   # a missing key, a tensor of another shape: named
                 return [f"{self.source} does not fit this model: {one_line(e)}"]
         return []
 

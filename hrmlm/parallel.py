@@ -19,7 +19,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from hrmlm.common import BAD_INPUT, SIGNALLED, STOP_SIGNALS, fail
-from model import HRM, Transformer
+from torch.overrides import TorchFunctionMode
+
+from model import HRM, Transformer, build_model
 
 
 @dataclass
@@ -203,6 +205,66 @@ def fully_shard_model(model, dtype=torch.float32):
             fully_shard(linears, mp_policy=low, reshard_after_forward=reshard)
         fully_shard(unit, mp_policy=fp32, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=fp32)
+
+
+# --- the model built on the meta device: each rank materialises only what it holds ------------------------
+
+INITS = {"kaiming_uniform_", "normal_", "uniform_", "trunc_normal_"}   # what model.py's build does to a weight
+
+
+class MetaInit(TorchFunctionMode):
+    """While model.py builds the model: every weight matrix (torch.empty with 2 or more dimensions: the Linear and
+    embedding weights, all but a few KB of it) is made on the meta device, and each init call on one (nn.Linear's
+    kaiming_uniform_, then model.py's normal_) is run on a CPU tensor of its shape, so the CPU generator draws
+    exactly what a CPU build draws, in the same order: the same weights, bit for bit. What the rank holds of the
+    result (keep) is kept in `drawn`; the full tensor goes at once. The rest (norms, alpha, tau, z0, RoPE) is
+    built on the CPU as before: a few KB."""
+
+    def __init__(self, keep):
+        super().__init__()
+        self.keep, self.drawn = keep, {}   # id of a meta weight -> (the weight, what this rank keeps of its init)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.empty and len(args[0] if len(args) == 1 and not isinstance(args[0], int) else args) >= 2:
+            kwargs = dict(kwargs, device="meta")
+        w = args[0] if args else kwargs.get("tensor")   # nn.init's functions pass it as tensor=
+        if isinstance(w, torch.Tensor) and w.is_meta and func.__name__[-1:] == "_" != func.__name__[:1]:
+            if func.__name__ not in INITS:   # an update of a weight's values, which a meta weight does not have
+                raise NotImplementedError(f"the meta-device build cannot replay {func.__name__} on a weight")
+            self.drawn.pop(id(w), None)   # the value this init replaces goes first (a CPU build holds one)
+            full = torch.empty(w.shape, dtype=w.dtype, device="cpu")
+            func(full, *args[1:], **kwargs) if args else func(**dict(kwargs, tensor=full))
+            self.drawn[id(w)] = (w, self.keep(full))
+            return w
+        return func(*args, **kwargs)
+
+
+def build_on_device(config, device, ranks, fsdp=False, dtype=torch.float32):
+    """The model for config, initialised as a CPU build after the caller's torch.manual_seed (bit for bit), on
+    `device`, FSDP-sharded (fsdp) or whole, without the whole model ever being on the CPU: built on the meta
+    device (MetaInit), each weight drawn on the CPU and at once moved to the device (whole: it becomes the
+    parameter) or cut to this rank's FSDP shard, which fills the sharded model once it is allocated there. A 3.4B
+    model is 13.7 GB in float32: it was built whole on every rank's host first."""
+    world, rank = (ranks.world_size, ranks.rank) if fsdp else (1, 0)
+
+    def shard(full):   # what this rank holds of a parameter: FSDP2's dim-0 piece (torch.chunk's), a copy
+        pieces = full.chunk(world)
+        return (pieces[rank] if rank < len(pieces) else full[:0]).to(device, copy=True)
+    with MetaInit(shard if fsdp else lambda full: full.to(device)) as init:
+        model = build_model(config)
+    drawn = {n: init.drawn.pop(id(p))[1] for n, p in model.named_parameters() if p.is_meta}
+    if not fsdp:   # the drawn weights become the parameters (no copy), the few KB of the rest move
+        model.load_state_dict(drawn, strict=False, assign=True)
+        return model.to(device)
+    values = {n: drawn.pop(n) if n in drawn else shard(p.detach()) for n, p in model.named_parameters()}
+    values |= {n: b.to(device) for n, b in model.named_buffers()}   # buffers: never meta, never sharded
+    fully_shard_model(model, dtype)
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for n, t in [*model.named_parameters(), *model.named_buffers()]:
+            t.to_local().copy_(values.pop(n)) if hasattr(t, "to_local") else t.copy_(values.pop(n))
+    return model
 
 
 def compile_model(model, backend="inductor"):

@@ -100,3 +100,33 @@ def test_device_check_dry_run_passes(tmp_path, bench):
             ("## bench.py's steps: skipped",)):
         assert step in text, step
     assert text.count("-- exit 0,") == text.count("-- exit ") and "done: 3 iterations" in text
+
+
+# --- the meta-device build (parallel.build_on_device): today's initial weights, bit for bit --------------------
+
+META_CASES = {"hrm": dict(arch="hrm", N=2, T=2, K=2), "hrm_fast_only": dict(arch="hrm", N=2, T=2, K=2, fast_only=True,
+              learn_alpha=False), "transformer": dict(arch="transformer", n_layer=2),
+              "transformer_pre_out_proj": dict(arch="transformer", n_layer=2, norm="pre", out_proj=True),
+              "unitf": dict(arch="unitf", M=3, K=1)}
+
+
+@pytest.mark.parametrize("case", META_CASES)
+def test_meta_build_gives_todays_initial_weights(case):
+    """Built on the meta device and materialised (train.py's way) the model has every parameter and buffer of a CPU
+    build after the same seed, bit for bit, and the CPU generator is left where a CPU build leaves it; while it is
+    built, every weight matrix is on the meta device (none is made whole on the CPU). FSDP's shards of it: FSDP runs
+    give one process's numbers exactly (tests/test_distributed.py)."""
+    from hrmlm.parallel import MetaInit, Ranks, build_on_device
+    from model import ModelConfig, build_model
+    cfg = ModelConfig(vocab_size=301, n_embd=32, n_head=4, block_size=16, **META_CASES[case])
+    torch.manual_seed(5)
+    cpu, after_cpu = build_model(cfg), torch.rand(3)
+    torch.manual_seed(5)
+    meta, after_meta = build_on_device(cfg, "cpu", Ranks()), torch.rand(3)
+    want, got = (dict(m.named_parameters()) | dict(m.named_buffers()) for m in (cpu, meta))
+    assert want.keys() == got.keys()
+    assert not [k for k in want if not torch.equal(want[k], got[k])], [k for k in want if not torch.equal(want[k], got[k])]
+    assert torch.equal(after_cpu, after_meta)
+    with MetaInit(lambda full: None):
+        built = build_model(cfg)
+    assert all(p.is_meta == (p.dim() >= 2) for p in built.parameters())
