@@ -18,6 +18,9 @@ is the paper's 6 GPUs unless --world_size says otherwise), it prints per GPU:
   iteration peak          the most memory live at any moment of forward + backward beyond the persistent state
                           (activations + the transient tensors of the step running + gradient buffers)
   total                   persistent state + iteration peak; "fits" against --gpu_mem_gb minus --reserve_gb
+  host per rank           not GPU memory: what each background save of ckpt_last.dcp stages on the host (the
+                          rank's weights and AdamW moments, 12 bytes a parameter, 1/W under FSDP), and the largest
+                          weight, which the meta-device build draws on the CPU at start-up
 and the largest micro-batch that fits, with the command line that keeps the global batch.
 
 How it counts: the real model runs its real forward and backward on the `meta` device (shapes and dtypes,
@@ -223,7 +226,10 @@ def plan(settings, world_size, gpu_bytes, reserve_bytes, micro_batch=None, fsdp=
         state = state / world_size + held * (2 if low else 4) + unit * 4
         it["iteration_peak"] -= it["weight_casts"]
     total = state + it["iteration_peak"] + reserve_bytes
-    return {"params": P, "state": state, **it, "total": total, "fits": total <= gpu_bytes}
+    # the host, per rank: ckpt_last.dcp's background save stages the rank's weights and AdamW moments (12 bytes a
+    # parameter, its shards under FSDP); the meta-device build holds one weight, the largest, while it draws it
+    host = {"host_save": 12 * P / (world_size if fsdp else 1), "host_start": 4 * max(p.numel() for p in model.parameters())}
+    return {"params": P, "state": state, **it, "total": total, "fits": total <= gpu_bytes, **host}
 
 
 def micro_batches(settings, world_size):
@@ -267,6 +273,9 @@ def report(path, settings, world_size, gpu_gb, reserve_gb):
         r = rows[mode, b]
         print(f"  {mode:5} {g(r['state'])} {g(r['activations'])} {g(r['logits'])} {g(r['weight_casts'])} "
               f"{g(r['iteration_peak'])} {g(r['total'])}  {'fits' if r['total'] <= gpu else 'DOES NOT FIT'}")
+    print(f"  host per rank: {rows['ddp', b]['host_save'] / GB:.1f} GB (ddp), {rows['fsdp', b]['host_save'] / GB:.1f} GB "
+          f"(fsdp) staged by each background save of ckpt_last.dcp; {rows['ddp', b]['host_start'] / GB:.1f} GB at "
+          f"start-up (the largest weight, drawn on the CPU)")
     print("  (state: weights, grads, AdamW; activ.: saved for backward, logits the part of it that is logits; casts: "
           "autocast's bf16 weight copies; peak: the most the iteration holds at once beyond state, activations "
           "included; total = state + peak + reserved)")
