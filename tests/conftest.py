@@ -82,30 +82,40 @@ def run_train(args, data_dir, out_dir, check=True, timeout=300, nproc=None):
     return p
 
 
-def error_in_process(script, *args):
-    """python <script> <args> run in this process (runpy, cwd the repository) up to its first error: that error's
-    line (the SystemExit common.fail raises when the script is not the main program; it carries the line a
-    subprocess prints). A subprocess costs 3 s of importing torch, so tests keep a few cases of each script as
-    subprocesses (exit status, no traceback) and run the rest here. Fails where the script stops without an error.
-    Its signal handlers, sys.argv and the working directory are put back."""
+def in_process(script, *args):
+    """python <script> <args> run in this process (runpy, as __main__, cwd the repository): a CompletedProcess with
+    the exit status of its SystemExit (0 if none) and what it printed; a stop's line (common.fail's SystemExit
+    when the script is not the main program) is its stderr. A subprocess costs 3 s of importing torch, so tests
+    keep a few cases of each script as subprocesses (exit status, no traceback) and run the rest here. The
+    script's signal handlers, sys.argv and the working directory are put back."""
+    import contextlib
+    import io
     import runpy
     import signal
     from hrmlm.signals import STOP_SIGNALS
     saved, argv, cwd = {s: signal.getsignal(s) for s in STOP_SIGNALS}, sys.argv, os.getcwd()
-    sys.argv = [os.path.join(ROOT, script), *args]
+    sys.argv, out, err, code = [os.path.join(ROOT, script), *args], io.StringIO(), io.StringIO(), 0
     os.chdir(ROOT)
     try:
-        runpy.run_path(sys.argv[0], run_name="__main__")   # its main() too
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_path(sys.argv[0], run_name="__main__")   # its main() too
     except SystemExit as e:
-        line = str(e)
-        assert line.startswith(f"{os.path.basename(script)}: error: ") and "\n" not in line, line
-        return line
+        code = e.code if isinstance(e.code, int) else 2
+        err.write("" if isinstance(e.code, int) or e.code is None else f"{e}\n")
     finally:
         sys.argv = argv
         os.chdir(cwd)
         for s, h in saved.items():
             signal.signal(s, h)
-    raise AssertionError(f"{script} {' '.join(args)} ran without an error")
+    return subprocess.CompletedProcess([script, *args], code or 0, out.getvalue(), err.getvalue())
+
+
+def error_in_process(script, *args):
+    """The one error line of in_process(script, *args); fails where the script stops without one."""
+    p = in_process(script, *args)
+    line = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    assert p.returncode != 0 and line.startswith(f"{os.path.basename(script)}: error: "), (script, args, p)
+    return line
 
 
 def train_error_in_process(args, data_dir, out_dir):

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hrmlm import engine
-from conftest import ENV, ROOT, V, char_tiny, error_in_process, make, one_error_line, run_script, run_train, tiny
+from conftest import ENV, ROOT, V, char_tiny, error_in_process, in_process, make, one_error_line, run_script, run_train, tiny
 from model import build_model
 
 # --- cached decoding ------------------------------------------------------------------------------
@@ -381,7 +381,7 @@ def ckpt_dir(data_dir, tmp_path_factory):
 
 
 def sample(*args):
-    return run_script("sample.py", *args)
+    return in_process("sample.py", *args)   # its stdout and stderr as a subprocess's (3 s of importing torch less)
 
 
 def test_greedy_identical_with_and_without_cache(ckpt_dir):
@@ -422,7 +422,7 @@ def test_long_prompt_is_cropped_with_a_note(ckpt_dir, tmp_path):
 ])
 def test_sample_bad_input_is_one_line(ckpt_dir, args, msg):
     if args[0] in ("--out_dir=/nonexistent", "--tempreature=1"):   # the real entry point: exit status, no traceback
-        line = one_error_line(sample(f"--out_dir={ckpt_dir}", *args), prog="sample.py")
+        line = one_error_line(run_script("sample.py", f"--out_dir={ckpt_dir}", *args), prog="sample.py")
     else:
         line = error_in_process("sample.py", f"--out_dir={ckpt_dir}", *args)
     assert msg in line, line
