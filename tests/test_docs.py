@@ -289,3 +289,11 @@ def test_the_root_holds_six_scripts_and_hrmlm_imports_have_no_circle():
             done.add(m)
     for m in sorted(pkg):
         visit(m)
+
+
+def test_size_aims_that_hold():
+    """DEVELOPERS' size aims that the code meets today, kept: model.py <= 450 lines, train.py <= 360, README <= 15 KB.
+    (The aim for all Python outside tests/, config/ and experiments/, 3,600 lines, is not met: issue 48.)"""
+    lines = {f: sum(1 for _ in open(os.path.join(ROOT, f))) for f in ("model.py", "train.py")}
+    assert lines["model.py"] <= 450 and lines["train.py"] <= 360, lines
+    assert os.path.getsize(os.path.join(ROOT, "README.md")) <= 15_000
