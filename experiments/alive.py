@@ -197,11 +197,21 @@ BPE = ("hrm-post", "transformer-post")   # the BPE testbed's post-norm HRM and T
 BPE_ITERS = 2000
 
 
+BPE_LOW = {"transformer-post": 1e-3}   # also at 1e-3: see bpe_runs
+
+
+def bpe_runs():
+    """(variant, lr) of each BPE run: each at its best 400-iteration lr (experiments/sweep.py), and the post-norm
+    Transformer at 1e-3 too, the low end of its flat 400-iteration curve (1e-3 to 3e-1 within 0.03, section 4) and
+    HRM's best: at 1e-1 alone, a run that stays at the unigram line could be its lr's doing, not a stall."""
+    runs = [(v, sweep.best_lr("bpe", v)) for v in BPE] + list(BPE_LOW.items())
+    return [(v, lr) for v, lr in runs if sweep.best_lr("bpe", v) is not None]   # None: the sweep's logs are not here
+
+
 def phase_bpe():
-    """Each at its best 400-iteration lr (experiments/sweep.py), for 2000 iterations, seed 1337: does the post-norm
-    Transformer's 'stall' at the unigram line (section 4) end with 5x the training?"""
-    return [sweep.command("bpe", v, sweep.best_lr("bpe", v), SEEDS[0], iters=BPE_ITERS, out=OUT) for v in BPE
-            if sweep.best_lr("bpe", v) is not None]
+    """Each of bpe_runs for 2000 iterations, seed 1337: does the post-norm Transformer's 'stall' at the unigram line
+    (section 4) end with 5x the training?"""
+    return [sweep.command("bpe", v, lr, SEEDS[0], iters=BPE_ITERS, out=OUT) for v, lr in bpe_runs()]
 
 
 def groups():
@@ -420,20 +430,20 @@ def readings_table():
 
 
 def bpe_table():
-    done = [(d.split(os.sep)[2], d) for d, _ in phase_bpe() if sweep.finished(d)]
+    done = [(v, lr, d) for (v, lr), (d, _) in zip(bpe_runs(), phase_bpe()) if sweep.finished(d)]
     if not done:
         return
     uni = sweep.unigrams()["bpe"]
     its = (400, 1000, 2000)
-    print(f"### BPE testbed, post-norm, {BPE_ITERS} iterations at the best 400-iteration lr, seed {SEEDS[0]} "
-          f"(unigram line {uni:.3f})\n")
+    print(f"### BPE testbed, post-norm, {BPE_ITERS} iterations at the best 400-iteration lr (the Transformer also at "
+          f"1e-3), seed {SEEDS[0]} (unigram line {uni:.3f})\n")
     print("| variant | lr | " + " | ".join(f"val CE at {i}" for i in its) + " | below unigram at the end | "
           "alpha_L / alpha_H | blocks off: Fast, Slow, both | H frozen |\n|---|---|" + "---|" * (len(its) + 4))
-    for v, d in done:
+    for v, lr, d in done:
         log = {r["iter"]: r for r in sweep.run_log(d) if "val_loss" in r}
         cells = " | ".join(f"{log[i]['val_loss']:.3f}" if i in log else "-" for i in its)
         alive = alive_cells([d]) if "hrm" in v else "- | - | -"
-        print(f"| {v} | {ep.lr_text(sweep.best_lr('bpe', v))} | {cells} | {uni - sweep.final_val(d):+.3f} | {alive} |")
+        print(f"| {v} | {ep.lr_text(lr)} | {cells} | {uni - sweep.final_val(d):+.3f} | {alive} |")
     print()
 
 
