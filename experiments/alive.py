@@ -25,7 +25,8 @@ Phases (hyperparameters are chosen on seeds 7 and 8, which no test uses):
      the lower 2-seed mean. For HRM only alive runs compete: both blocks off must cost >= ALIVE nats at seed 7.
   C. the test: each arm's choice at seeds 1337, 42, 2024 (paired by seed with the Transformer of its width).
   W. the width control: HRM NT=8 at d=128 at lr 1.25e-3 (d=256's lr), the paper's setting, the test seeds.
-  BPE: the BPE testbed's post-norm HRM and Transformer at their best 400-iteration lr for 2000 iterations.
+  BPE: the BPE testbed's post-norm HRM and Transformer at their best 400-iteration lr for 2000 iterations, and the
+       Transformer at 1e-3 too (bpe_runs).
   S (first): sections 2-5's HRM (the sweep's hrm-post and hrm-pre at their best lr, 3 seeds) again, for readings.
 Readings: for every finished HRM run, alive.json beside its log (from its last checkpoint, 64 validation sequences
 of 128 characters): alpha_L, alpha_H, val CE, and the CE cost of the Fast block off, the Slow block off, both off
