@@ -17,10 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-
-from hrmlm.common import BAD_INPUT, SIGNALLED, STOP_SIGNALS, fail
 from torch.overrides import TorchFunctionMode
 
+from hrmlm.common import BAD_INPUT, SIGNALLED, STOP_SIGNALS, fail
 from model import HRM, Transformer, build_model
 
 
@@ -263,7 +262,7 @@ def build_on_device(config, device, ranks, fsdp=False, dtype=torch.float32):
     model.to_empty(device=device)
     with torch.no_grad():
         for n, t in [*model.named_parameters(), *model.named_buffers()]:
-            t.to_local().copy_(values.pop(n)) if hasattr(t, "to_local") else t.copy_(values.pop(n))
+            (t.to_local() if hasattr(t, "to_local") else t).copy_(values.pop(n))   # a DTensor: this rank's shard
     return model
 
 
