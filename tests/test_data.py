@@ -402,10 +402,7 @@ def test_prepare_stops_on_a_signal_at_any_moment(data_dir, tmp_path, sig):
         for moment in MOMENTS:
             proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "prepare.py"), f"--data_dir={data}",
                                      "--num_threads=2"], cwd=ROOT, env=ENV, start_new_session=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    # SIGINT as a terminal gives it (a shell's `pytest &` leaves it ignored, and
-                                    # so would prepare.py until its handler exists)
-                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             workers, launched = [], time.monotonic()
 
             def children():
