@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 
 SIGNALLED = 128   # a script stopped by signal n exits with 128 + n, as a shell reports it
 # Ctrl-C; kill or a scheduler; a closed terminal or a dropped ssh session
@@ -29,7 +30,8 @@ def exit_on_signals(prog=None):
 
     def on_signal(signum, frame):
         got.append(signum)
-        if len(got) == 1:
+        if len(got) == 1:   # what a library warns of as the interrupt unwinds it (numpy's import cut in two
+            warnings.simplefilter("ignore")   # and retried by torch's) is noise beside the one line
             threading.Thread(target=insist, daemon=True).start()
         raise KeyboardInterrupt
 

@@ -71,12 +71,15 @@ def char_data(tmp_path_factory):
 
 
 def run_train(args, data_dir, out_dir, check=True, timeout=300, nproc=None):
-    """Run train.py in a subprocess (with torchrun when nproc is given); returns CompletedProcess."""
-    cmd = [sys.executable]
+    """Run train.py: under torchrun when nproc is given, else in this process (in_process, one torch thread as in
+    ENV: a subprocess's numbers to the bit, without its 3 s of importing torch); returns CompletedProcess."""
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args]
     if nproc:
-        cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd += [os.path.join(ROOT, "train.py"), *TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=ENV)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               os.path.join(ROOT, "train.py"), *args]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=ENV)
+    else:
+        p = in_process("train.py", *args)
     if check and p.returncode != 0:
         raise AssertionError(f"train.py failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return p
@@ -87,23 +90,32 @@ def in_process(script, *args):
     the exit status of its SystemExit (0 if none) and what it printed; a stop's line (common.fail's SystemExit
     when the script is not the main program) is its stderr. A subprocess costs 3 s of importing torch, so tests
     keep a few cases of each script as subprocesses (exit status, no traceback) and run the rest here. The
-    script's signal handlers, sys.argv and the working directory are put back."""
+    script's signal handlers, excepthook, sys.argv, the working directory and torch's thread count (1 while it
+    runs, as ENV gives a subprocess) are put back; its os._exit(n) (common.fail's
+    now=True) is a SystemExit(n) here, which must not end the test process."""
     import contextlib
     import io
     import runpy
     import signal
     from hrmlm.signals import STOP_SIGNALS
-    saved, argv, cwd = {s: signal.getsignal(s) for s in STOP_SIGNALS}, sys.argv, os.getcwd()
+    saved, argv, cwd, os_exit = {s: signal.getsignal(s) for s in STOP_SIGNALS}, sys.argv, os.getcwd(), os._exit
+    hook, threads = sys.excepthook, torch.get_num_threads()
+    torch.set_num_threads(1)   # as ENV's OMP_NUM_THREADS=1 gives a subprocess: the same numbers
     sys.argv, out, err, code = [os.path.join(ROOT, script), *args], io.StringIO(), io.StringIO(), 0
     os.chdir(ROOT)
+
+    def exit_now(n):
+        raise SystemExit(n)
+    os._exit = exit_now
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             runpy.run_path(sys.argv[0], run_name="__main__")   # its main() too
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 2
+        code = e.code if isinstance(e.code, int) or e.code is None else 2
         err.write("" if isinstance(e.code, int) or e.code is None else f"{e}\n")
     finally:
-        sys.argv = argv
+        sys.argv, os._exit, sys.excepthook = argv, os_exit, hook
+        torch.set_num_threads(threads)
         os.chdir(cwd)
         for s, h in saved.items():
             signal.signal(s, h)
@@ -131,7 +143,10 @@ def train_cmd(args, data_dir, out_dir):
 
 
 def run_script(script, *args, env=None, timeout=300):
-    """python <script> <args> in the repository (env: this process's unless given); returns CompletedProcess."""
+    """python <script> <args> in the repository: in this process (in_process), or in a subprocess with env where
+    one is given; returns CompletedProcess."""
+    if env is None:
+        return in_process(script, *args)
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=timeout)
 

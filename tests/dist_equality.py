@@ -47,25 +47,37 @@ def grads(model):
     return out
 
 
-def run_case(cfg, mode, dtype, rank, world):
+def run_one_process(cfg, dtype):
+    """One process's run (every micro-batch): its train loss at each iteration, its gradients at iterations 0, 1."""
     torch.manual_seed(0)
     ref = build_model(cfg)
+    opt, ctx, losses, first = optimizer(list(ref.parameters())), precision_context("cpu", dtype), [], []
+    for it in range(ITERS):
+        loss_ref = 0.0
+        for j in range(MICRO):
+            with ctx:
+                _, loss = ref(*batch(it, j))
+            (loss / MICRO).backward()
+            loss_ref += loss.item() / MICRO
+        losses.append(loss_ref)
+        if it < 2:
+            first.append(grads(ref))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return losses, first
+
+
+def run_case(cfg, mode, dtype, rank, world, reference):
+    losses, first = reference
     torch.manual_seed(0)
     raw = build_model(cfg)
     if mode == "fsdp":
         parallel.fully_shard_model(raw, getattr(torch, dtype))
     params = list(raw.parameters())
     model = parallel.wrap(raw, parallel.Ranks(True, rank, rank, world), mode == "fsdp")
-    opt_ref, opt = optimizer(list(ref.parameters())), optimizer(params)
-    ctx_ref, ctx = precision_context("cpu", dtype), precision_context("cpu", dtype)
+    opt, ctx = optimizer(params), precision_context("cpu", dtype)
     worst, loss_diff = {}, 0.0
     for it in range(ITERS):
-        loss_ref = 0.0
-        for j in range(MICRO):                                 # one process: every micro-batch
-            with ctx_ref:
-                _, loss = ref(*batch(it, j))
-            (loss / MICRO).backward()
-            loss_ref += loss.item() / MICRO
         mine = torch.zeros(())
         for k in range(MICRO // world):                        # rank r: micro-batches r, r + W, ...
             parallel.no_sync_unless(model, parallel.Ranks(True, rank, rank, world), mode == "fsdp",
@@ -75,14 +87,14 @@ def run_case(cfg, mode, dtype, rank, world):
             (loss / (MICRO // world)).backward()
             mine += loss.detach().float() / MICRO
         dist.all_reduce(mine)
-        loss_diff = max(loss_diff, abs(mine.item() - loss_ref))
+        loss_diff = max(loss_diff, abs(mine.item() - losses[it]))
         if it < 2:
-            a, b = grads(ref), grads(raw)
+            a, b = first[it], grads(raw)
             for name, g in a.items():
                 err = None if b[name] is None else ((b[name] - g).norm() / g.norm().clamp_min(1e-12)).item()
                 worst[name] = None if err is None or worst.get(name, 0.0) is None else max(worst.get(name, 0.0), err)
-        opt_ref.step(), opt.step()
-        opt_ref.zero_grad(set_to_none=True), opt.zero_grad(set_to_none=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     return {"grad_rel_err": worst, "max_loss_diff": loss_diff}
 
 
@@ -92,8 +104,9 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     for name, kw in CASES.items():
         cfg = ModelConfig(vocab_size=V, block_size=n, n_embd=32, n_head=4, **kw)
+        reference = run_one_process(cfg, dtype)   # every rank, locally: once for both modes
         for mode in ("fsdp", "ddp"):
-            out = run_case(cfg, mode, dtype, rank, world)
+            out = run_case(cfg, mode, dtype, rank, world, reference)
             if rank == 0:
                 print(json.dumps({"case": name, "mode": mode, **out}), flush=True)
     dist.destroy_process_group()

@@ -191,6 +191,15 @@ def test_every_script_stops_on_a_signal_with_one_line(world, sig):
             f"{os.path.basename(script)}: error: interrupted by {signal.Signals(sig).name}"), (script, proc.returncode, err)   # sampling, adds that the text stays
 
 
+def test_a_warning_as_the_signal_unwinds_is_not_printed():
+    """A library that warns while the interrupt unwinds it (CI once caught numpy's "reloaded" warning, its import
+    cut by SIGTERM inside torch's) adds no line to the one line."""
+    code = ("import os, signal, time, warnings; from hrmlm.signals import exit_on_signals; exit_on_signals('w')\n"
+            "try:\n    os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\nfinally:\n    warnings.warn('noise')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (128 + signal.SIGTERM, "w: error: interrupted by SIGTERM\n")
+
+
 def test_bench_stopped_leaves_no_worker(world):
     """SIGTERM to bench.py while its worker measures: one line, 143, and the worker is gone (it ran on)."""
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench.py"), "--preset=tiny", "--models=hrm_nt4"],

@@ -32,19 +32,20 @@ def make_run(folder, arch, tokenizer="char", **over):
     return str(folder)
 
 
-# what a fresh Python gets from the folder, offline: logits of a fixed batch, greedy tokens, the tokenizer's ids
+# what a fresh Python gets from each folder, offline: logits of a fixed batch, greedy tokens, the tokenizer's ids
 LOAD = r"""
 import json, sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-folder, out = sys.argv[1], sys.argv[2]
-model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
-tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
-with torch.no_grad():
-    logits = model(ids).logits
-greedy = {str(c): model.generate(ids, max_new_tokens=12, do_sample=False, use_cache=c)[0].tolist() for c in (True, False)}
-torch.save({"logits": logits, "greedy": greedy, "encoded": tok("ROMEO: well.")["input_ids"],
-            "decoded": tok.decode(tok("ROMEO: well.")["input_ids"])}, out)
+for folder, out in zip(sys.argv[1::2], sys.argv[2::2]):
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    with torch.no_grad():
+        logits = model(ids).logits
+    greedy = {str(c): model.generate(ids, max_new_tokens=12, do_sample=False, use_cache=c)[0].tolist()
+              for c in (True, False)}
+    torch.save({"logits": logits, "greedy": greedy, "encoded": tok("ROMEO: well.")["input_ids"],
+                "decoded": tok.decode(tok("ROMEO: well.")["input_ids"])}, out)
 """
 
 
@@ -54,21 +55,30 @@ def hf():
     pytest.importorskip("safetensors")
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
-def test_export_loads_offline_with_model_py_logits_and_greedy_tokens(hf, arch, tmp_path):
-    from hrmlm import engine
-    run = make_run(tmp_path / "run", arch)
-    p = run_script("tools/export_hf.py", f"--out_dir={run}", f"--to={tmp_path / 'hf'}")
-    assert p.returncode == 0, p.stderr
-    assert {"config.json", "model.safetensors", "modeling_hrmlm.py", "model.py", "README.md", "chars.json"} <= \
-        set(os.listdir(tmp_path / "hf"))
-    assert open(os.path.join(ROOT, "model.py")).read() == (tmp_path / "hf" / "model.py").read_text()   # reused as is
-    got = tmp_path / "got.pt"
-    env = dict(ENV, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH="")   # nothing of this repository
-    p = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path / "hf"), str(got)], capture_output=True, text=True,
-                       cwd=tmp_path, env=env, timeout=300)
+@pytest.fixture(scope="module")
+def loaded(hf, tmp_path_factory):
+    """{arch: (run, hf folder, what a fresh Python got from it)}: each architecture's tiny run exported, and all
+    three loaded offline in one fresh Python (nothing of this repository on its path)."""
+    tmp = tmp_path_factory.mktemp("export")
+    folders = {arch: (make_run(tmp / arch / "run", arch), tmp / arch / f"hf_{arch}", tmp / arch / "got.pt")
+               for arch in ARCHS}   # a folder name each: transformers caches remote code by it
+    for run, hf_dir, _ in folders.values():
+        p = run_script("tools/export_hf.py", f"--out_dir={run}", f"--to={hf_dir}")
+        assert p.returncode == 0, p.stderr
+    env = dict(ENV, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH="")
+    p = subprocess.run([sys.executable, "-c", LOAD, *(str(x) for _, hf_dir, got in folders.values() for x in (hf_dir, got))],
+                       capture_output=True, text=True, cwd=tmp, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    r = torch.load(got, weights_only=True)
+    return {arch: (run, hf_dir, torch.load(got, weights_only=True)) for arch, (run, hf_dir, got) in folders.items()}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_export_loads_offline_with_model_py_logits_and_greedy_tokens(loaded, arch):
+    from hrmlm import engine
+    run, hf_dir, r = loaded[arch]
+    assert {"config.json", "model.safetensors", "modeling_hrmlm.py", "model.py", "README.md", "chars.json"} <= \
+        set(os.listdir(hf_dir))
+    assert open(os.path.join(ROOT, "model.py")).read() == (hf_dir / "model.py").read_text()   # reused as is
     model = build_model(ModelConfig(**load_checkpoint(os.path.join(run, "ckpt.pt"))["model_args"]))
     model.load_state_dict(load_checkpoint(os.path.join(run, "ckpt.pt"))["model"])
     ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
@@ -77,7 +87,7 @@ def test_export_loads_offline_with_model_py_logits_and_greedy_tokens(hf, arch, t
     ours = engine.generate(model, ids, 12, temperature=0)[0].tolist()   # sample.py's greedy decoding (cached)
     assert r["greedy"] == {"True": ours, "False": ours}
     assert r["encoded"] == [CHARS.index(c) for c in "ROMEO: well."] and r["decoded"] == "ROMEO: well."
-    card = (tmp_path / "hf" / "README.md").read_text()
+    card = (hf_dir / "README.md").read_text()
     assert "iteration 4" in card and "trust_remote_code=True" in card and "commit" in card
 
 
