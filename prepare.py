@@ -23,15 +23,9 @@ import os
 import signal
 import sys
 
-
-def stopped_in_setup(signum, frame):   # until main's Interrupts: nothing is written yet
-    print(f"prepare.py: error: interrupted by {signal.Signals(signum).name} before any work; nothing was written",
-          file=sys.stderr, flush=True)
-    os._exit(128 + signum)   # not an exception: one raised inside an import prints a traceback
-if __name__ == "__main__":   # noqa: E305  (before torch's and datasets' imports, which take seconds)
-    from hrmlm.signals import STOP_SIGNALS   # the standard library only
-    for s in STOP_SIGNALS:
-        signal.signal(s, stopped_in_setup)
+if __name__ == "__main__":   # before torch's and datasets' imports, which take seconds
+    from hrmlm.signals import exit_at_once   # the standard library only
+    exit_at_once("prepare.py", " before any work; nothing was written")
 
 import argparse  # noqa: E402
 import codecs  # noqa: E402
@@ -40,14 +34,14 @@ import hashlib  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from hrmlm.common import SIGNALLED, STOP_SIGNALS, HelpFormatter, fail  # noqa: E402
+from hrmlm.common import HelpFormatter, fail  # noqa: E402
 from hrmlm.data import check_dataset, get_tokenizer, load_meta  # noqa: E402
+from hrmlm.signals import STOP_SIGNALS, exit_on_signals  # noqa: E402
+from hrmlm.signals import check as check_signals  # noqa: E402
 
 OURS = ("train.bin", "val.bin", "meta.json")   # what prepare.py writes into a dataset folder
 OURS_OLD = tuple(n + ".tmp" for n in OURS)     # the temporary names of earlier versions of prepare.py
@@ -103,7 +97,7 @@ def tokenize_and_write(splits, out_dir, num_threads=1, source=None):
     column -> out_dir/{train,val}.bin: each document's GPT-2 tokens, then <|endoftext|>.
 
     tiktoken's batch encoder spreads each chunk (CHUNK_CHARS per thread) over num_threads threads; the main
-    thread writes its tokens, then checks for a signal (stop_if_signalled) before the next. Returns {split: number
+    thread writes its tokens, then checks for a signal (signals.check) before the next. Returns {split: number
     of tokens}. The files are published together (see `staged`). `source` (see fingerprint) goes into meta.json,
     so that preparing the same input again can be skipped.
     """
@@ -121,7 +115,7 @@ def tokenize_and_write(splits, out_dir, num_threads=1, source=None):
             with open(os.path.join(tmp, f"{split}.bin"), "wb") as f, \
                     tqdm(total=len(texts), desc=f"tokenizing {split}", unit="doc", disable=small) as bar:
                 for chunk in chunks(documents(texts), chars):
-                    stop_if_signalled()
+                    check_signals()
                     ids = []
                     for tokens, (_, last) in zip(enc.encode_ordinary_batch([p for p, _ in chunk],
                                                                            num_threads=num_threads), chunk):
@@ -133,7 +127,7 @@ def tokenize_and_write(splits, out_dir, num_threads=1, source=None):
                     bar.update(sum(last for _, last in chunk))
             counts[split] = n
             print(f"{path}: {n:,} tokens")
-        stop_if_signalled()
+        check_signals()
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump({"vocab_size": 50257, "tokenizer": "gpt2", "dtype": "uint16", "tokens": counts,
                        "source": source}, f, indent=1)
@@ -376,72 +370,6 @@ def text_files(input_path):
     return docs
 
 
-GRACE_S = 10   # after a signal, how long the orderly stop may take before Interrupts ends the process itself
-
-
-class Interrupts:
-    """SIGINT and SIGTERM during prepare.py: stop within seconds at any moment, undo the staged dataset (the
-    previous one stays), name the signal and exit 128 + its number. Python runs the handler in the main thread,
-    which, while tiktoken's threads encode, only waits for them: the first signal raises KeyboardInterrupt there
-    and is kept, so that where Python drops that exception (a finaliser) the next chunk stops instead
-    (stop_if_signalled). The last resort, for a main thread that neither reaches (stuck in a long C call): past
-    GRACE_S, or on a second signal, the process settles its staging folder and exits itself."""
-
-    def __init__(self, out_dir):
-        self.out_dir, self.signals, self.seen = out_dir, [], threading.Event()
-        self.unraisable = sys.unraisablehook
-        sys.unraisablehook = self.dropped
-
-    def dropped(self, what):
-        """Our KeyboardInterrupt dropped in a finaliser: the next chunk stops (stop_if_signalled), so no
-        "Exception ignored" traceback for it; anything else is reported as Python would."""
-        if not (self.signals and isinstance(what.exc_value, KeyboardInterrupt)):
-            self.unraisable(what)
-
-    def __call__(self, signum, frame):
-        self.signals.append(signum)
-        if len(self.signals) > 1:
-            self.end(f"then by {signal.Signals(signum).name}")   # a second signal: the user insists
-        else:
-            threading.Thread(target=self.watch, daemon=True).start()
-        raise KeyboardInterrupt
-
-    def watch(self):
-        deadline = time.monotonic() + GRACE_S
-        while not self.seen.wait(0.5):
-            if time.monotonic() > deadline:
-                self.end(f"{GRACE_S} s after it, still not stopped")
-                return
-
-    def name(self):
-        return signal.Signals(self.signals[0] if self.signals else signal.SIGINT).name
-
-    def stop(self, how=None):
-        """The orderly stop, in the main thread once our code has the KeyboardInterrupt (a plain one, without a
-        signal, is a Ctrl-C all the same: SIGINT). os._exit past the interpreter's exit, which would wait for any
-        tokenizer thread still encoding."""
-        self.seen.set()
-        fail(f"interrupted by {self.name()}{how or ''}; {self.out_dir} {dataset_state(self.out_dir)}",
-             code=SIGNALLED + (self.signals[0] if self.signals else signal.SIGINT), now=True)
-
-    def end(self, how):
-        """Whatever the main thread is stuck in: settle this process's staged folder and exit now."""
-        if os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") != "prepare.py":
-            return   # imported (a test calling main()): never end someone else's process
-        try:
-            _settle(os.path.realpath(self.out_dir), os.getpid())
-        except OSError:
-            pass
-        self.stop(f" ({how})")
-
-
-def stop_if_signalled():
-    """Between two chunks of work: raise KeyboardInterrupt if prepare.py got a signal (see Interrupts)."""
-    handler = signal.getsignal(signal.SIGTERM)
-    if isinstance(handler, Interrupts) and handler.signals:
-        raise KeyboardInterrupt
-
-
 def dataset_state(out_dir):
     return "holds the new dataset, whole" if os.path.realpath(out_dir) in PUBLISHED else "was left as it was"
 
@@ -469,9 +397,9 @@ def main(argv=None):
     if args.input is None and args.dataset not in ("shakespeare", "shakespeare_char", "openwebtext"):
         fail(f"unknown dataset {args.dataset!r}: use shakespeare, shakespeare_char, openwebtext, "
              f"or --input=DIR for a local corpus")
-    interrupts = Interrupts(out_dir)
-    for s in STOP_SIGNALS:
-        signal.signal(s, interrupts)
+    got = exit_on_signals("prepare.py", cleanup=lambda: _settle(os.path.realpath(out_dir), os.getpid()),
+                          describe=lambda: f"; {out_dir} {dataset_state(out_dir)}", insist=False,
+                          leave=__name__ == "__main__")   # imported (a test calling main): never end its process
     try:
         docs = text_files(args.input) if args.input is not None else \
             shakespeare_plays() if args.dataset in ("shakespeare", "shakespeare_char") else None
@@ -487,19 +415,19 @@ def main(argv=None):
             counts = prepare_documents(docs, out_dir, args.num_threads, source=source)
         else:
             counts = prepare_openwebtext(out_dir, args.num_threads, source)
-        if interrupts.signals:   # a signal whose KeyboardInterrupt never reached us: the work was done first
-            interrupts.stop()
+        if got:   # a signal whose KeyboardInterrupt never reached us: the work was done first
+            got.stop()
         return counts
     except Exception as e:   # `staged` has already removed the half-written folder
-        if interrupts.signals or isinstance(e, KeyboardInterrupt):
-            interrupts.stop()
+        if got:
+            got.stop()
         if isinstance(e, OSError):   # a full disk, no permission
             fail(f"cannot write {out_dir}: {e.strerror or e}; it was left as it was (the partial files were removed)")
         if isinstance(e, ValueError):   # too little text, ...
             fail(str(e))
         raise
     except KeyboardInterrupt:
-        interrupts.stop()
+        got.stop()
 
 
 if __name__ == "__main__":

@@ -21,19 +21,10 @@ checks the rest, one line per problem (checkpoint.start_run); the data; the mode
 import math
 import os
 import random
-import signal
-import sys
 import time
 
-
-def stopped_in_setup(signum, frame):   # until the loop's handler (parallel.StopSignals): nothing to save yet
-    if os.environ.get("RANK", "0") == "0":
-        print(f"train.py: error: interrupted by {signal.Signals(signum).name} before training started; nothing "
-              "was saved", file=sys.stderr, flush=True)
-    os._exit(128 + signum)   # not an exception: one raised inside an import or a finaliser prints a traceback
-from hrmlm.signals import STOP_SIGNALS  # noqa: E402  (the standard library only: before torch's import, seconds)
-for s in STOP_SIGNALS:
-    signal.signal(s, stopped_in_setup)
+from hrmlm.signals import exit_at_once  # the standard library only: before torch's import (seconds)
+exit_at_once("train.py", " before training started; nothing was saved", speak=os.environ.get("RANK", "0") == "0")
 
 import torch  # noqa: E402
 

@@ -1,9 +1,13 @@
 """
-The signals that stop a script, and how a script with nothing to save stops on them. Imports only the standard
-library, so a script installs it before torch's import (seconds) and the runners' --tables need no torch.
+How every script stops on Ctrl-C (SIGINT), SIGTERM (kill, a scheduler) and SIGHUP (a closed terminal): one line,
+'<script>: error: interrupted by SIGTERM...', exit status 128 + n as a shell reports it, never a traceback, and
+nothing half-written left. Imports only the standard library, so a script installs it before torch's import.
 
-train.py (parallel.StopSignals) and prepare.py (its Interrupts) answer the same STOP_SIGNALS in their own way:
-a save at the end of the iteration; the old dataset kept. docs/TRAINING.md, "What happens on a crash".
+  exit_at_once      while a script imports and sets up (nothing to clean): the line, and out at once
+  exit_on_signals   during the work: a KeyboardInterrupt in the main thread, so `with` and `finally` clean up as it
+                    passes; a second signal, or GRACE_S seconds without stopping, ends it at once after cleanup()
+train.py's loop adds one thing, a save at the end of the iteration (parallel.StopSignals: the signal is only noted
+there, and answered by the loop). docs/TRAINING.md, "What happens on a crash".
 """
 
 import _thread
@@ -16,54 +20,108 @@ import time
 import warnings
 
 SIGNALLED = 128   # a script stopped by signal n exits with 128 + n, as a shell reports it
-# Ctrl-C; kill or a scheduler; a closed terminal or a dropped ssh session
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+GRACE_S = 10      # after a signal, how long the orderly stop may take before the process ends itself
+RECEIVED = []     # the signals the running script got (exit_on_signals): check() reads them
 
 
-def exit_on_signals(prog=None):
-    """Ctrl-C, SIGTERM or SIGHUP, at any moment, ends the script with one line, '<prog>: error: interrupted by
-    SIGTERM', and exit status 128 + n, never a traceback. The signal raises KeyboardInterrupt in the main thread,
-    so `with` and `finally` blocks clean up as it passes (subprocess.run kills its child); one that reaches the
-    top is that line. Returns the list of signals received (a script may check it where Python could drop the
-    exception, in a finaliser)."""
-    got = []
-
+def exit_at_once(prog, note, speak=True):
+    """Until the work starts: a signal prints '<prog>: error: interrupted by SIG...<note>' (speak: torchrun's rank 0
+    only) and leaves at once (os._exit: an exception raised inside an import or a finaliser prints a traceback)."""
     def on_signal(signum, frame):
-        got.append(signum)
-        if len(got) == 1:   # what a library warns of as the interrupt unwinds it (numpy's import cut in two
-            warnings.simplefilter("ignore")   # and retried by torch's) is noise beside the one line
-            threading.Thread(target=insist, daemon=True).start()
-        raise KeyboardInterrupt
+        if speak:
+            print(f"{prog}: error: interrupted by {signal.Signals(signum).name}{note}", file=sys.stderr, flush=True)
+        os._exit(SIGNALLED + signum)
+    for s in STOP_SIGNALS:
+        signal.signal(s, on_signal)
 
-    def insist():   # a library may swallow the KeyboardInterrupt (torch's import, a finaliser): raise it again
-        for _ in range(20):
-            time.sleep(0.5)
-            if not got:   # the script said it itself (sample.py)
-                return
-            _thread.interrupt_main(got[0])
-        stop()   # 10 s on and still running: leave
 
-    def stop():
-        n = got[0] if got else signal.SIGINT
+class Signals(list):
+    """The signals a script got (falsy until one comes); stop() ends the script with its line."""
+
+
+def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=True):
+    """The first signal raises KeyboardInterrupt in the main thread; one that reaches the top is the line,
+    '<prog>: error: interrupted by SIGTERM<describe()>'. A library may swallow it (torch's import, a finaliser):
+    insist=True raises it again every half second; a script whose cleanup must not be cut short (prepare.py's
+    staging folder) passes insist=False and calls check() between chunks of its work. A second signal, or GRACE_S
+    seconds without the script stopping, ends the process at once, after cleanup(). Returns the Signals list (a
+    script that says the line itself clears it). leave=False (prepare.main called by a test, not run): stop()
+    raises SystemExit carrying the line, and nothing ends the process."""
+    got, done, again = Signals(), threading.Event(), []
+    RECEIVED[:] = [got]
+    prog = prog or os.path.basename(sys.argv[0])
+
+    def stop(how=""):
+        done.set()
+        n = got[0] if got else signal.SIGINT   # a KeyboardInterrupt without a signal is a Ctrl-C all the same
+        line = f"{prog}: error: interrupted by {signal.Signals(n).name}{how}{describe() if describe else ''}"
+        if not leave:
+            raise SystemExit(line)
         try:
             sys.stdout.flush()   # what was printed stays printed
         except OSError:
             pass
-        sys.stderr.write(f"{prog or os.path.basename(sys.argv[0])}: error: interrupted by {signal.Signals(n).name}\n")
+        sys.stderr.write(line + "\n")
         sys.stderr.flush()
-        os._exit(SIGNALLED + n)   # past the interpreter's exit: an uncaught exception's status is 1
+        os._exit(SIGNALLED + n)   # past the interpreter's exit, which waits for threads still working
+
+    def end(how):   # whatever the main thread is stuck in: clean up and leave now
+        if not leave or done.is_set():
+            return
+        try:
+            cleanup and cleanup()
+        except OSError:
+            pass
+        sys.stderr.write("\n")   # a progress bar may stand half-drawn on the last line
+        stop(f" ({how})")
+
+    def on_signal(signum, frame):
+        if again:   # watch's own repeat of the first
+            again.clear()
+            raise KeyboardInterrupt
+        got.append(signum)
+        if len(got) > 1:
+            end(f"then by {signal.Signals(signum).name}")   # the user insists
+            raise KeyboardInterrupt
+        warnings.simplefilter("ignore")   # what a library warns of as the interrupt unwinds it (numpy's import cut
+        threading.Thread(target=watch, daemon=True).start()   # in two, retried by torch's) is noise beside the line
+        raise KeyboardInterrupt
+
+    def watch():
+        deadline = time.monotonic() + GRACE_S
+        while not done.wait(0.5):
+            if not got:   # the script said it itself (sample.py)
+                return
+            if time.monotonic() > deadline:
+                return end(f"{GRACE_S} s after it, still not stopped")
+            if insist:
+                again.append(1)
+                _thread.interrupt_main(got[0])
 
     def on_uncaught(kind, value, tb):   # after a signal, whatever ends the script is the signal's doing: a library
         if not got and not issubclass(kind, KeyboardInterrupt):   # may turn the KeyboardInterrupt into another
             return sys.__excepthook__(kind, value, tb)            # error (matplotlib's import: a ValueError)
         stop()
 
-    def on_exit():   # a KeyboardInterrupt Python dropped (raised in a finaliser or an import lock's callback):
-        if got:      # the script ran on, but the signal is never lost
+    def on_unraisable(what, previous=sys.unraisablehook):   # our KeyboardInterrupt dropped in a finaliser: no
+        if not (got and isinstance(what.exc_value, KeyboardInterrupt)):   # "Exception ignored" traceback (the
+            previous(what)                                                  # script checks, or watch insists)
+
+    def on_exit():   # a KeyboardInterrupt Python dropped, and the script ran on: the signal is never lost
+        if got and leave:
             stop()
 
     for s in STOP_SIGNALS:
         signal.signal(s, on_signal)
-    sys.excepthook = on_uncaught
+    sys.excepthook, sys.unraisablehook = on_uncaught, on_unraisable
     atexit.register(on_exit)
+    got.stop = stop
+    got.done = done
     return got
+
+
+def check():
+    """Between two chunks of work (exit_on_signals with insist=False): KeyboardInterrupt if a signal came."""
+    if RECEIVED and RECEIVED[0]:
+        raise KeyboardInterrupt

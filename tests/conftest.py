@@ -94,6 +94,7 @@ def in_process(script, *args):
     runs, as ENV gives a subprocess) are put back; its os._exit(n) (common.fail's
     now=True) is a SystemExit(n) here, which must not end the test process."""
     import contextlib
+    import gc
     import io
     import runpy
     import signal
@@ -115,6 +116,7 @@ def in_process(script, *args):
         err.write("" if isinstance(e.code, int) or e.code is None else f"{e}\n")
     finally:
         sys.argv, os._exit, sys.excepthook = argv, os_exit, hook
+        gc.collect()   # what the script held dies now (train.py's out_dir lock, kept by a SystemExit's frames)
         torch.set_num_threads(threads)
         os.chdir(cwd)
         for s, h in saved.items():

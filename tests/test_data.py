@@ -391,7 +391,7 @@ def _size(path):
 def test_prepare_stops_on_a_signal_at_any_moment(data_dir, tmp_path, sig):
     import signal
     from hrmlm.data import check_dataset
-    from prepare import GRACE_S
+    from hrmlm.signals import GRACE_S
     signum = getattr(signal, sig)
     data = str(tmp_path / "data")
     shutil.copytree(os.path.join(data_dir, "shakespeare"), os.path.join(data, "shakespeare"))
@@ -472,11 +472,13 @@ def test_a_signal_python_drops_still_stops_prepare(tmp_path, monkeypatch):
     hook that runs at every worker's fork; the threaded tokenizer checks between chunks instead.)"""
     import signal
     import sys
-    from prepare import Interrupts, tokenize_and_write
-    dropped = []
+    from hrmlm.signals import STOP_SIGNALS, exit_on_signals
+    from prepare import dataset_state, tokenize_and_write
+    dropped, mine = [], str(tmp_path / "mine")
     monkeypatch.setattr(sys, "unraisablehook", lambda what: dropped.append(what))
-    interrupts = Interrupts(str(tmp_path / "mine"))
-    old = signal.signal(signal.SIGTERM, interrupts)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)   # put back after the test
+    old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    got = exit_on_signals("prepare.py", describe=lambda: f"; {mine} {dataset_state(mine)}", insist=False, leave=False)
 
     class Finalised:
         def __del__(self):
@@ -485,15 +487,17 @@ def test_a_signal_python_drops_still_stops_prepare(tmp_path, monkeypatch):
                 pass
     try:
         Finalised()                               # the first KeyboardInterrupt is dropped in __del__...
-        assert interrupts.signals == [signal.SIGTERM] and dropped == []
+        assert got == [signal.SIGTERM] and dropped == []
         with pytest.raises(KeyboardInterrupt):    # ...and the tokenizer stops at its next chunk
-            tokenize_and_write({"train": ["Some words."] * 3, "val": ["More words."]}, str(tmp_path / "mine"))
+            tokenize_and_write({"train": ["Some words."] * 3, "val": ["More words."]}, mine)
         assert os.listdir(tmp_path) == []
         with pytest.raises(SystemExit, match="interrupted by SIGTERM; .*mine was left as it was"):
-            interrupts.stop()                     # in-process: SystemExit carries the line (no os._exit)
-        assert interrupts.seen.is_set()           # the last resort stands down
+            got.stop()                            # imported, not run: SystemExit carries the line (no os._exit)
+        assert got.done.is_set()                  # the last resort stands down
     finally:
-        signal.signal(signal.SIGTERM, old)
+        got.clear()                               # nothing left for the exit hook to say
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 # prepare.py's tokenizer stuck where a KeyboardInterrupt cannot stop it (a long C call), with the clock 5x fast
@@ -503,20 +507,26 @@ sys.path.insert(0, {root!r})
 from hrmlm import data
 _monotonic = time.monotonic
 time.monotonic = lambda: _monotonic() * 5
-def stuck():
-    open({mark!r}, "w").close()   # in the loop from here on
-    while True:
-        try:
-            time.sleep(0.05)
-        except KeyboardInterrupt:
-            pass
-data.get_tokenizer = stuck
+class Stuck:   # tiktoken's encoder, stuck in its first batch: the staging folder is there, half-written
+    def __init__(self):
+        self.enc = real()
+    def __getattr__(self, name):
+        return getattr(self.enc, name)
+    def encode_ordinary_batch(self, *a, **k):
+        open({mark!r}, "w").close()   # in the loop from here on
+        while True:
+            try:
+                time.sleep(0.05)
+            except KeyboardInterrupt:
+                pass
+real, data.get_tokenizer = data.get_tokenizer, Stuck
 """
 
 
-def test_prepare_ends_even_when_its_work_ignores_the_signal(data_dir, tmp_path):
-    """Past GRACE_S after a signal (here 10 s on a clock running 5x fast), prepare.py settles its staging
-    folder itself and exits 128 + n, naming the signal: no moment can hang it."""
+@pytest.mark.parametrize("then", [None, "SIGINT"])
+def test_prepare_ends_even_when_its_work_ignores_the_signal(data_dir, tmp_path, then):
+    """Past GRACE_S after a signal (here 10 s on a clock running 5x fast), or at once on a second signal,
+    prepare.py settles its staging folder itself and exits 128 + n, naming the signal: no moment can hang it."""
     import signal
     from conftest import patched
     data = str(tmp_path / "data")
@@ -527,7 +537,12 @@ def test_prepare_ends_even_when_its_work_ignores_the_signal(data_dir, tmp_path):
                                     "--num_threads=1"])
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: os.path.exists(mark) or proc.poll() is not None, 120, "the tokenizer to be stuck")
+    assert [n for n in os.listdir(data) if ".tmp." in n], os.listdir(data)   # its staging folder, to be settled
     proc.send_signal(signal.SIGTERM)
+    if then:
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(getattr(signal, then))
     try:
         _, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
@@ -535,5 +550,7 @@ def test_prepare_ends_even_when_its_work_ignores_the_signal(data_dir, tmp_path):
         proc.communicate()
         pytest.fail("prepare.py hung: its work ignored the signal and nothing ended it")
     assert proc.returncode == 128 + signal.SIGTERM, err
-    assert err.strip().splitlines()[-1].startswith("prepare.py: error: interrupted by SIGTERM (10 s after it"), err
+    assert err.strip().splitlines()[-1].startswith("prepare.py: error: interrupted by SIGTERM " + (
+        f"(then by {then}); " if then else "(10 s after it")), err
+    assert not then or time.monotonic() - t0 < 2, time.monotonic() - t0
     assert sorted(os.listdir(data)) == ["shakespeare"] and snapshot(os.path.join(data, "shakespeare")) == before
