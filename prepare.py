@@ -34,6 +34,7 @@ import hashlib  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
+import threading  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -147,7 +148,16 @@ def _alive(pid):
 def _settle(out_dir, pid):
     """Finish what process `pid` left beside out_dir when it stopped inside `staged` (a crash, a kill,
     an exception): before the swap, undo it (the old dataset stays); after it, complete it (the new
-    dataset stays and gets the user's other files). Either way out_dir ends up one whole dataset."""
+    dataset stays and gets the user's other files). Either way out_dir ends up one whole dataset. One thread at a
+    time: the main thread's (`staged`) and, past GRACE_S, the signal watcher's (the second finds nothing to do)."""
+    with SETTLING:
+        _settle_now(out_dir, pid)
+
+
+SETTLING = threading.RLock()   # re-entered by a second signal's handler in the main thread: that one leaves at once
+
+
+def _settle_now(out_dir, pid):
     tmp, old = f"{out_dir}.tmp.{pid}", f"{out_dir}.old.{pid}"
     if os.path.isdir(old):
         if not os.path.exists(out_dir):   # stopped between the two renames: put the old dataset back
@@ -187,10 +197,11 @@ def staged(out_dir):
     os.makedirs(tmp)
     try:
         yield tmp
-        if os.path.exists(out_dir):
-            os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
-        PUBLISHED.append(out_dir)
+        with SETTLING:   # the swap whole before the signal watcher may settle
+            if os.path.exists(out_dir):
+                os.rename(out_dir, old)
+            os.rename(tmp, out_dir)
+            PUBLISHED.append(out_dir)
     finally:
         _settle(out_dir, os.getpid())
 

@@ -22,6 +22,7 @@ import warnings
 SIGNALLED = 128   # a script stopped by signal n exits with 128 + n, as a shell reports it
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GRACE_S = 10      # after a signal, how long the orderly stop may take before the process ends itself
+REPEAT = signal.SIGUSR2   # after a stop signal, exit_on_signals raises it again through this one (insist)
 RECEIVED = []     # the signals the running script got (exit_on_signals): check() reads them
 
 
@@ -48,16 +49,17 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
     seconds without the script stopping, ends the process at once, after cleanup(). Returns the Signals list (a
     script that says the line itself clears it). leave=False (prepare.main called by a test, not run): stop()
     raises SystemExit carrying the line, and nothing ends the process."""
-    got, done, again = Signals(), threading.Event(), []
+    got, done, one_line = Signals(), threading.Event(), threading.Lock()
     RECEIVED[:] = [got]
     prog = prog or os.path.basename(sys.argv[0])
 
     def stop(how=""):
-        done.set()
+        done.set()   # from here on a signal changes nothing
         n = got[0] if got else signal.SIGINT   # a KeyboardInterrupt without a signal is a Ctrl-C all the same
         line = f"{prog}: error: interrupted by {signal.Signals(n).name}{how}{describe() if describe else ''}"
         if not leave:
             raise SystemExit(line)
+        one_line.acquire()   # the watcher's end and the main thread at once: the second waits for the exit
         try:
             sys.stdout.flush()   # what was printed stays printed
         except OSError:
@@ -77,16 +79,21 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
         stop(f" ({how})")
 
     def on_signal(signum, frame):
-        if again:   # watch's own repeat of the first
-            again.clear()
-            raise KeyboardInterrupt
+        if done.is_set():   # stopping already
+            return
         got.append(signum)
         if len(got) > 1:
             end(f"then by {signal.Signals(signum).name}")   # the user insists
             raise KeyboardInterrupt
         warnings.simplefilter("ignore")   # what a library warns of as the interrupt unwinds it (numpy's import cut
-        threading.Thread(target=watch, daemon=True).start()   # in two, retried by torch's) is noise beside the line
+        if insist:                        # in two, retried by torch's) is noise beside the line
+            signal.signal(REPEAT, on_repeat)
+        threading.Thread(target=watch, daemon=True).start()
         raise KeyboardInterrupt
+
+    def on_repeat(signum, frame):   # watch's repeat of the first, on a signal of its own: never taken for a second
+        if got and not done.is_set():
+            raise KeyboardInterrupt
 
     def watch():
         deadline = time.monotonic() + GRACE_S
@@ -96,8 +103,7 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
             if time.monotonic() > deadline:
                 return end(f"{GRACE_S} s after it, still not stopped")
             if insist:
-                again.append(1)
-                _thread.interrupt_main(got[0])
+                _thread.interrupt_main(REPEAT)
 
     def on_uncaught(kind, value, tb):   # after a signal, whatever ends the script is the signal's doing: a library
         if not got and not issubclass(kind, KeyboardInterrupt):   # may turn the KeyboardInterrupt into another
@@ -114,8 +120,10 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
 
     for s in STOP_SIGNALS:
         signal.signal(s, on_signal)
-    sys.excepthook, sys.unraisablehook = on_uncaught, on_unraisable
-    atexit.register(on_exit)
+    sys.unraisablehook = on_unraisable
+    if leave:
+        sys.excepthook = on_uncaught
+        atexit.register(on_exit)
     got.stop = stop
     got.done = done
     return got

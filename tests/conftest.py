@@ -89,10 +89,10 @@ def in_process(script, *args):
     """python <script> <args> run in this process (runpy, as __main__, cwd the repository): a CompletedProcess with
     the exit status of its SystemExit (0 if none) and what it printed; a stop's line (common.fail's SystemExit
     when the script is not the main program) is its stderr. A subprocess costs 3 s of importing torch, so tests
-    keep a few cases of each script as subprocesses (exit status, no traceback) and run the rest here. The
-    script's signal handlers, excepthook, sys.argv, the working directory and torch's thread count (1 while it
-    runs, as ENV gives a subprocess) are put back; its os._exit(n) (common.fail's
-    now=True) is a SystemExit(n) here, which must not end the test process."""
+    keep a few cases of each script as subprocesses (exit status, no traceback) and run the rest here. Put back
+    after it: signal handlers and the wakeup fd, the exception hooks, sys.argv, the working directory, torch's
+    thread count (1 while it runs, as ENV gives a subprocess). Its os._exit(n) (common.fail's now=True) is a
+    SystemExit(n) here, which must not end the test process."""
     import contextlib
     import gc
     import io
@@ -100,7 +100,7 @@ def in_process(script, *args):
     import signal
     from hrmlm.signals import STOP_SIGNALS
     saved, argv, cwd, os_exit = {s: signal.getsignal(s) for s in STOP_SIGNALS}, sys.argv, os.getcwd(), os._exit
-    hook, threads = sys.excepthook, torch.get_num_threads()
+    hooks, threads, wakeup = (sys.excepthook, sys.unraisablehook), torch.get_num_threads(), signal.set_wakeup_fd(-1)
     torch.set_num_threads(1)   # as ENV's OMP_NUM_THREADS=1 gives a subprocess: the same numbers
     sys.argv, out, err, code = [os.path.join(ROOT, script), *args], io.StringIO(), io.StringIO(), 0
     os.chdir(ROOT)
@@ -115,8 +115,9 @@ def in_process(script, *args):
         code = e.code if isinstance(e.code, int) or e.code is None else 2
         err.write("" if isinstance(e.code, int) or e.code is None else f"{e}\n")
     finally:
-        sys.argv, os._exit, sys.excepthook = argv, os_exit, hook
+        sys.argv, os._exit, (sys.excepthook, sys.unraisablehook) = argv, os_exit, hooks
         gc.collect()   # what the script held dies now (train.py's out_dir lock, kept by a SystemExit's frames)
+        signal.set_wakeup_fd(wakeup)   # train.py's watcher thread of signals (StopSignals) hears no more
         torch.set_num_threads(threads)
         os.chdir(cwd)
         for s, h in saved.items():

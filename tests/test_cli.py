@@ -200,6 +200,22 @@ def test_a_warning_as_the_signal_unwinds_is_not_printed():
     assert (proc.returncode, proc.stderr) == (128 + signal.SIGTERM, "w: error: interrupted by SIGTERM\n")
 
 
+def test_a_second_signal_ends_a_script_whose_library_swallows_the_first():
+    """A library that swallows KeyboardInterrupt and retries (here each second): the repeats of the first signal
+    come on a signal of their own, so a second SIGTERM is never taken for one of them, and ends the script at
+    once (not at GRACE_S), with one line."""
+    code = ("import os, signal, threading, time; from hrmlm.signals import exit_on_signals; exit_on_signals('w')\n"
+            "def send():\n    time.sleep(0.2); os.kill(os.getpid(), signal.SIGTERM); time.sleep(2.0)\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "threading.Thread(target=send, daemon=True).start()\n"
+            "while True:\n    try:\n        time.sleep(1)\n    except KeyboardInterrupt:\n        pass\n")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr.strip()) == (128 + signal.SIGTERM, "w: error: interrupted by SIGTERM (then by "
+                                                      "SIGTERM)"), proc.stderr
+    assert 2.2 < time.monotonic() - t0 < 8, time.monotonic() - t0   # at the second: not at a repeat, nor at GRACE_S
+
+
 def test_bench_stopped_leaves_no_worker(world):
     """SIGTERM to bench.py while its worker measures: one line, 143, and the worker is gone (it ran on)."""
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench.py"), "--preset=tiny", "--models=hrm_nt4"],
