@@ -408,8 +408,11 @@ def main(argv=None):
     if args.input is None and args.dataset not in ("shakespeare", "shakespeare_char", "openwebtext"):
         fail(f"unknown dataset {args.dataset!r}: use shakespeare, shakespeare_char, openwebtext, "
              f"or --input=DIR for a local corpus")
-    got = exit_on_signals("prepare.py", cleanup=lambda: _settle(os.path.realpath(out_dir), os.getpid()),
-                          describe=lambda: f"; {out_dir} {dataset_state(out_dir)}", insist=False,
+    def settle_mine():   # past GRACE_S or on a second signal, whatever the main thread is stuck in
+        sys.stderr.write("\n")   # (a progress bar may stand half-drawn on the last line)
+        _settle(os.path.realpath(out_dir), os.getpid())
+    got = exit_on_signals("prepare.py", cleanup=settle_mine, describe=lambda: f"; {out_dir} {dataset_state(out_dir)}",
+                          insist=False,
                           leave=__name__ == "__main__")   # imported (a test calling main): never end its process
     try:
         docs = text_files(args.input) if args.input is not None else \

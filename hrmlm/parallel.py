@@ -10,8 +10,6 @@ import datetime
 import math
 import os
 import signal
-import sys
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +17,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from hrmlm.common import BAD_INPUT, SIGNALLED, STOP_SIGNALS, fail
+from hrmlm.common import BAD_INPUT, SIGNALLED, fail
+from hrmlm.signals import exit_on_signals
 from model import HRM, Transformer, build_model
 
 
@@ -123,39 +122,15 @@ def all_mean(values, ranks):
 
 class StopSignals:
     """Ctrl-C (SIGINT), SIGTERM and SIGHUP (a closed terminal) ask the run to stop at the end of the iteration
-    (and save); a second
-    signal quits at once without saving. requested() is true on every rank as soon as any rank got one,
-    so that all stop at the same iteration and save together."""
+    (and save): hrmlm.signals' one design with defer (the signal noted, the note printed by rank 0); a second
+    signal quits at once without saving, even inside one long C call. requested() is true on every rank as soon
+    as any rank got one, so that all stop at the same iteration and save together."""
 
     def __init__(self, ranks):
-        self.ranks, self.received = ranks, []
-        for s in STOP_SIGNALS:
-            signal.signal(s, self._on_signal)
-        # A Python handler runs only between bytecodes, so it could not end a process stuck in one long C
-        # call (a huge block_size, a hung collective). The OS-level handler also writes each signal's number
-        # to a wakeup fd at once; a thread reading it speaks for the first signal and ends on the second.
-        r, w = os.pipe()
-        os.set_blocking(w, False)
-        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        threading.Thread(target=self._watch, args=(r,), daemon=True).start()
-
-    def _on_signal(self, signum, frame):
-        self.received.append(signum)
-
-    def _watch(self, r):
-        seen = 0
-        while True:
-            for signum in os.read(r, 16):
-                if signum not in STOP_SIGNALS:
-                    continue
-                seen += 1
-                name = signal.Signals(signum).name
-                if seen > 1:
-                    fail(f"{name} again: quitting without saving", SIGNALLED + signum, "train.py",
-                         show=self.ranks.master, now=True)
-                if self.ranks.master:
-                    sys.stderr.write(f"train.py: {name}: saving at the end of this iteration "
-                                     f"(send it again to quit without saving)\n")
+        self.ranks = ranks
+        self.received = exit_on_signals("train.py", defer="saving at the end of this iteration (send it again to "
+                                        "quit without saving)", describe=lambda: "; quitting without saving",
+                                        speak=ranks.master)
 
     def requested(self):
         if not self.ranks.ddp:

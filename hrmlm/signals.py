@@ -5,14 +5,15 @@ nothing half-written left. Imports only the standard library, so a script instal
 
   exit_at_once      while a script imports and sets up (nothing to clean): the line, and out at once
   exit_on_signals   during the work: a KeyboardInterrupt in the main thread, so `with` and `finally` clean up as it
-                    passes; a second signal, or GRACE_S seconds without stopping, ends it at once after cleanup()
-train.py's loop adds one thing, a save at the end of the iteration (parallel.StopSignals: the signal is only noted
-there, and answered by the loop). docs/TRAINING.md, "What happens on a crash".
+                    passes (train.py's loop: only noted, and answered with a save at the end of the iteration); a
+                    second signal, or GRACE_S seconds without stopping, ends it at once after cleanup()
+docs/TRAINING.md, "What happens on a crash".
 """
 
 import _thread
 import atexit
 import os
+import select
 import signal
 import sys
 import threading
@@ -38,19 +39,27 @@ def exit_at_once(prog, note, speak=True):
 
 
 class Signals(list):
-    """The signals a script got (falsy until one comes); stop() ends the script with its line."""
+    """The signals a script got (falsy until one comes); stop() ends the script with its line; clear(): the script
+    said it itself (sample.py), nothing more to do here."""
+
+    def clear(self):
+        super().clear()
+        self.done.set()
 
 
-def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=True):
+def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=True, defer=None, speak=True):
     """The first signal raises KeyboardInterrupt in the main thread; one that reaches the top is the line,
     '<prog>: error: interrupted by SIGTERM<describe()>'. A library may swallow it (torch's import, a finaliser):
     insist=True raises it again every half second; a script whose cleanup must not be cut short (prepare.py's
-    staging folder) passes insist=False and calls check() between chunks of its work. A second signal, or GRACE_S
-    seconds without the script stopping, ends the process at once, after cleanup(). Returns the Signals list (a
-    script that says the line itself clears it). leave=False (prepare.main called by a test, not run): stop()
-    raises SystemExit carrying the line, and nothing ends the process."""
+    staging folder) passes insist=False and calls check() between chunks of its work. defer (train.py's loop):
+    the first is only noted, and `defer` printed; the loop answers it (a save). A second signal, or GRACE_S seconds
+    without the script stopping (not with defer), ends the process at once, after cleanup(), even inside one
+    long C call (a huge op, a hung collective), where no Python handler runs: the OS writes each signal to a
+    wakeup fd, which a thread reads. speak=False (torchrun's ranks but 0): no line. Returns the Signals list.
+    leave=False (prepare.main called by a test, not run): stop() raises SystemExit carrying the line, and
+    nothing ends the process."""
     got, done, one_line = Signals(), threading.Event(), threading.Lock()
-    RECEIVED[:] = [got]
+    got.done, RECEIVED[:] = done, [got]
     prog = prog or os.path.basename(sys.argv[0])
 
     def stop(how=""):
@@ -64,45 +73,57 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
             sys.stdout.flush()   # what was printed stays printed
         except OSError:
             pass
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+        if speak:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
         os._exit(SIGNALLED + n)   # past the interpreter's exit, which waits for threads still working
 
     def end(how):   # whatever the main thread is stuck in: clean up and leave now
-        if not leave or done.is_set():
+        if done.is_set():
             return
         try:
             cleanup and cleanup()
         except OSError:
             pass
-        sys.stderr.write("\n")   # a progress bar may stand half-drawn on the last line
         stop(f" ({how})")
 
     def on_signal(signum, frame):
-        if done.is_set():   # stopping already
+        if done.is_set() or got:   # stopping already, or a second one (the watcher ends the process)
             return
         got.append(signum)
-        if len(got) > 1:
-            end(f"then by {signal.Signals(signum).name}")   # the user insists
-            raise KeyboardInterrupt
+        if defer:
+            return
         warnings.simplefilter("ignore")   # what a library warns of as the interrupt unwinds it (numpy's import cut
         if insist:                        # in two, retried by torch's) is noise beside the line
             signal.signal(REPEAT, on_repeat)
-        threading.Thread(target=watch, daemon=True).start()
         raise KeyboardInterrupt
 
     def on_repeat(signum, frame):   # watch's repeat of the first, on a signal of its own: never taken for a second
         if got and not done.is_set():
             raise KeyboardInterrupt
 
-    def watch():
-        deadline = time.monotonic() + GRACE_S
-        while not done.wait(0.5):
-            if not got:   # the script said it itself (sample.py)
-                return
+    def watch(r):
+        first, deadline = None, None
+        while True:
+            ready = select.select([r], [], [], 0.5)[0]
+            for signum in os.read(r, 64) if ready else b"":
+                if signum not in STOP_SIGNALS or done.is_set():
+                    continue
+                if first is None:
+                    first, deadline = signum, time.monotonic() + GRACE_S
+                    if defer and speak:
+                        sys.stderr.write(f"{prog}: {signal.Signals(signum).name}: {defer}\n")
+                else:
+                    if not got:   # the main thread never ran its handler (a long C call)
+                        got.append(first)
+                    end(f"then by {signal.Signals(signum).name}")   # the user insists
+            if first is None or defer or done.is_set():
+                continue
             if time.monotonic() > deadline:
-                return end(f"{GRACE_S} s after it, still not stopped")
-            if insist:
+                if not got:
+                    got.append(first)
+                end(f"{GRACE_S} s after it, still not stopped")
+            elif insist and got:
                 _thread.interrupt_main(REPEAT)
 
     def on_uncaught(kind, value, tb):   # after a signal, whatever ends the script is the signal's doing: a library
@@ -114,18 +135,18 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
         if not (got and isinstance(what.exc_value, KeyboardInterrupt)):   # "Exception ignored" traceback (the
             previous(what)                                                  # script checks, or watch insists)
 
-    def on_exit():   # a KeyboardInterrupt Python dropped, and the script ran on: the signal is never lost
-        if got and leave:
-            stop()
-
     for s in STOP_SIGNALS:
         signal.signal(s, on_signal)
     sys.unraisablehook = on_unraisable
     if leave:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        threading.Thread(target=watch, args=(r,), daemon=True).start()
+    if leave and not defer:   # train.py's loop ends itself, with its own line
         sys.excepthook = on_uncaught
-        atexit.register(on_exit)
+        atexit.register(lambda: got and stop())   # a KeyboardInterrupt Python dropped: the signal is never lost
     got.stop = stop
-    got.done = done
     return got
 
 

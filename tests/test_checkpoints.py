@@ -304,7 +304,7 @@ def test_a_second_signal_ends_a_stuck_run_at_once(data_dir, tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, (proc.returncode, err)
     assert err.strip().splitlines()[-2:] == ["train.py: SIGTERM: saving at the end of this iteration (send it "
                                              "again to quit without saving)",
-                                             "train.py: error: SIGTERM again: quitting without saving"], err
+                                             "train.py: error: interrupted by SIGTERM (then by SIGTERM); quitting without saving"], err
 
 
 def test_resume_with_other_data_settings_is_refused(trained, data_dir, tmp_path):
