@@ -409,8 +409,9 @@ def main(argv=None):
         fail(f"unknown dataset {args.dataset!r}: use shakespeare, shakespeare_char, openwebtext, "
              f"or --input=DIR for a local corpus")
     def settle_mine():   # past GRACE_S or on a second signal, whatever the main thread is stuck in
-        sys.stderr.write("\n")   # (a progress bar may stand half-drawn on the last line)
+        SETTLING.acquire()   # kept until the exit: the main thread swaps nothing in after this
         _settle(os.path.realpath(out_dir), os.getpid())
+        sys.stderr.write("\n")   # (a progress bar may stand half-drawn on the last line)
     got = exit_on_signals("prepare.py", cleanup=settle_mine, describe=lambda: f"; {out_dir} {dataset_state(out_dir)}",
                           insist=False,
                           leave=__name__ == "__main__")   # imported (a test calling main): never end its process

@@ -142,6 +142,7 @@ class StopSignals:
     def exit(self, iter_num, saved):
         """End the run: one line (from rank 0) saying where, and exit status 128 + the signal number, as a
         shell reports a process that a signal ended (130 for SIGINT, 143 for SIGTERM)."""
+        self.received.done.set()   # saved: a signal from here on changes nothing
         signum = self.received[0] if self.received else signal.SIGTERM   # another rank's signal: SIGTERM's code
         end_process_group(self.ranks)
         fail(f"stopped by {signal.Signals(signum).name if self.received else 'a signal'} at iter {iter_num}" +

@@ -71,11 +71,11 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
         one_line.acquire()   # the watcher's end and the main thread at once: the second waits for the exit
         try:
             sys.stdout.flush()   # what was printed stays printed
-        except OSError:
+            if speak:
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+        except (OSError, ValueError):   # a closed pipe or terminal (SIGHUP's): leave all the same
             pass
-        if speak:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
         os._exit(SIGNALLED + n)   # past the interpreter's exit, which waits for threads still working
 
     def end(how):   # whatever the main thread is stuck in: clean up and leave now
@@ -112,7 +112,10 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
                 if first is None:
                     first, deadline = signum, time.monotonic() + GRACE_S
                     if defer and speak:
-                        sys.stderr.write(f"{prog}: {signal.Signals(signum).name}: {defer}\n")
+                        try:
+                            sys.stderr.write(f"{prog}: {signal.Signals(signum).name}: {defer}\n")
+                        except (OSError, ValueError):   # a closed terminal: the watcher stays for the second
+                            pass
                 else:
                     if not got:   # the main thread never ran its handler (a long C call)
                         got.append(first)
@@ -129,20 +132,21 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
     def on_uncaught(kind, value, tb):   # after a signal, whatever ends the script is the signal's doing: a library
         if not got and not issubclass(kind, KeyboardInterrupt):   # may turn the KeyboardInterrupt into another
             return sys.__excepthook__(kind, value, tb)            # error (matplotlib's import: a ValueError)
+        done.set()   # no repeat lands in here
         stop()
 
     def on_unraisable(what, previous=sys.unraisablehook):   # our KeyboardInterrupt dropped in a finaliser: no
         if not (got and isinstance(what.exc_value, KeyboardInterrupt)):   # "Exception ignored" traceback (the
             previous(what)                                                  # script checks, or watch insists)
 
-    for s in STOP_SIGNALS:
-        signal.signal(s, on_signal)
-    sys.unraisablehook = on_unraisable
-    if leave:
+    if leave:   # the fd before the handlers: no signal is handled without its byte
         r, w = os.pipe()
         os.set_blocking(w, False)
         signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         threading.Thread(target=watch, args=(r,), daemon=True).start()
+    for s in STOP_SIGNALS:
+        signal.signal(s, on_signal)
+    sys.unraisablehook = on_unraisable
     if leave and not defer:   # train.py's loop ends itself, with its own line
         sys.excepthook = on_uncaught
         atexit.register(lambda: got and stop())   # a KeyboardInterrupt Python dropped: the signal is never lost
