@@ -104,8 +104,9 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
 
     def watch(r):
         first, deadline = None, None
-        while True:
-            ready = select.select([r], [], [], 0.5)[0]
+        while True:   # asleep until a signal; then, where a deadline or repeats are due, awake each half second
+            waiting = first is not None and not defer and not done.is_set()
+            ready = select.select([r], [], [], 0.5 if waiting else None)[0]
             for signum in os.read(r, 64) if ready else b"":
                 if signum not in STOP_SIGNALS or done.is_set():
                     continue
