@@ -8,22 +8,13 @@ The run folder (out_dir) train.py writes and sample.py, analyze.py and plot.py r
     out_dir/log.jsonl      one JSON line per evaluation
     out_dir/.lock          held (flock) by the train.py run using the folder
 
-Each function takes what it needs as arguments, so every script (and a test) can use it alone:
-  take_out_dir     lock the folder and refuse to mix two runs in it
-  finished_run     whether the folder holds a finished run of these very settings (nothing to do)
-  save_checkpoint  ckpt.pt, atomic (common.atomic_write: a temporary beside it, fsync, os.replace); a full disk is one line
-  save_sharded, load_sharded  ckpt_last.dcp: written by every rank at once, in the background (finish_sharded
-                   waits for it), read at any world size
-                   (a ckpt_last.pt of older code is still read, and replaced by ckpt_last.dcp at the first save)
-  load_checkpoint  weights_only=True (no pickled code runs), one-line errors; model_from_checkpoint
-  find_checkpoint  init_from=<file or out_dir>: the checkpoint a new run starts from
-  check_resume     what differs between a checkpoint and the settings of the run resuming it
-  append_log, trim_log, read_log
-  start_run, Run   train.py's run: every check before work, one line per problem; what a resume restores
-                   (load_weights, restore); the saves of ckpt.pt and ckpt_last.dcp (save)
+Every save is atomic and checksummed; every load is weights_only=True and checks the sums; a failure is one line.
+An older code's ckpt_last.pt is still read (resumed, sampled), and replaced by ckpt_last.dcp at the first save.
+start_run and Run are train.py's run: every check before work, what a resume restores, the saves.
 """
 
 import fcntl
+import functools
 import json
 import logging
 import math
@@ -31,13 +22,15 @@ import os
 import pickle
 import shutil
 import sys
+import threading
 import time
 import warnings
 import zlib
-
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from hrmlm import parallel
 from hrmlm.common import IO_ERROR, atomic_write, fail, one_line
@@ -46,7 +39,7 @@ from model import MODEL_FIELDS, ModelConfig, build_model
 CKPT_BEST, CKPT_LAST, LOG, LOCK = "ckpt.pt", "ckpt_last.dcp", "log.jsonl", ".lock"
 OLD_LAST = "ckpt_last.pt"   # older code's single-file resume state: read, never written
 RUN_FILES = (LOG, CKPT_BEST, CKPT_LAST, OLD_LAST)   # what makes a folder hold a run
-# dcp warns, from its writer's thread too, whenever one process saves or loads alone: what every run without torchrun means
+# dcp warns (from its writer's thread too) whenever one process saves or loads alone: every run without torchrun
 warnings.filterwarnings("ignore", "torch.distributed is disabled, unavailable or uninitialized")
 DCP_META = "meta.pt"   # in ckpt_last.dcp: everything but the tensors (settings, iteration, AdamW's hyperparameters)
 # Settings a resume must keep: they decide which tokens each iteration sees and how val is measured, so
@@ -76,7 +69,8 @@ def take_out_dir(out_dir, init_from, overwrite, eval_only):
     except OSError:
         lock.seek(0)
         holder = lock.read().strip() or "another process"
-        return None, f"out_dir {out_dir!r} is in use by another train.py run ({holder}); wait for it or use another out_dir"
+        return None, (f"out_dir {out_dir!r} is in use by another train.py run ({holder}); wait for it or use "
+                      f"another out_dir")
     try:
         lock.seek(0)
         lock.truncate()
@@ -108,7 +102,6 @@ def take_out_dir(out_dir, init_from, overwrite, eval_only):
 
 
 def remove(path):
-    """A run file, or an FSDP run's checkpoint folder."""
     shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
 
@@ -120,40 +113,32 @@ def resume_path(out_dir):
 
 
 def read_info(path):
-    """A checkpoint's settings and iteration without its tensors: a file memory-mapped (nothing is read until
-    used), or an FSDP folder's meta.pt."""
-    if os.path.isdir(path):
-        path = os.path.join(path, DCP_META)
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    """A checkpoint's settings and iteration: a file memory-mapped (no tensor read until used), or a dcp's meta.pt."""
+    return torch.load(os.path.join(path, DCP_META) if os.path.isdir(path) else path, map_location="cpu",
+                      weights_only=True, mmap=True)
 
 
 def intact(out_dir, damaged=None):
     """What a run can still be resumed or sampled from, for an error line: 'intact: ckpt.pt (iter 200), ...'."""
     held = []
     for path in (os.path.join(out_dir, CKPT_BEST), resume_path(out_dir)):
-        if damaged and os.path.abspath(path) == os.path.abspath(damaged):
-            continue
-        try:
-            it = read_info(path)["iter_num"]
-        except Exception:   # absent or unreadable: not something to resume or sample from
-            continue
-        held.append(f"{path} (iter {it})")
+        with suppress(Exception):   # absent or unreadable: not something to resume or sample from
+            if not damaged or os.path.abspath(path) != os.path.abspath(damaged):
+                held.append(f"{path} (iter {read_info(path)['iter_num']})")
     return "intact: " + (", ".join(held) or "no checkpoint")
 
 
-def stop_on_write_error(what, iter_num, e, out_dir, prog="train.py", show=True):
-    """A write that failed (a full disk) ends the run at once, with one line naming what is still intact
-    (now: nothing that could block on a collective runs; torchrun stops the other ranks). Exit status 1."""
+def stop_on_write_error(what, iter_num, e, out_dir, show=True):
+    """A failed write (a full disk) ends the run at once (os._exit: nothing that could block on a collective runs;
+    torchrun stops the other ranks), exit status 1, with one line naming what is still intact."""
     reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{one_line(e)} (is the disk full?)"
-    fail(f"cannot {what} at iter {iter_num}: {reason}; {intact(out_dir)}", IO_ERROR, prog, show=show, now=True)
+    fail(f"cannot {what} at iter {iter_num}: {reason}; {intact(out_dir)}", IO_ERROR, "train.py", show=show, now=True)
 
 
 def find_checkpoint(path):
-    """init_from=<path>: the checkpoint file itself, or in a train.py out_dir its ckpt.pt (the best model),
+    """init_from=<path>: the checkpoint file (or ckpt_last.dcp folder) itself, or in a train.py out_dir its ckpt.pt,
     else its ckpt_last.dcp (or older code's ckpt_last.pt). ValueError (one line) where there is none."""
-    if os.path.isfile(path):
-        return path
-    if os.path.isfile(os.path.join(path, DCP_META)):   # an FSDP run's ckpt_last.dcp itself
+    if os.path.isfile(path) or os.path.isfile(os.path.join(path, DCP_META)):
         return path
     for name in (CKPT_BEST, CKPT_LAST, OLD_LAST):
         if os.path.exists(os.path.join(path, name)):
@@ -162,21 +147,8 @@ def find_checkpoint(path):
                      f"{CKPT_BEST} or {CKPT_LAST}")
 
 
-def finished_run(out_dir, config):
-    """'iter N, best val loss X' if out_dir holds a run of these very settings that reached max_iters (running
-    its command again has nothing to do), else None."""
-    try:
-        ckpt = read_info(resume_path(out_dir))
-        old, it = ckpt["config"], ckpt["iter_num"]
-    except Exception:   # no such run, or not one to compare
-        return None
-    same = all(k not in old or old[k] == v for k, v in config.items() if k not in SILENT_KEYS)
-    return f"iter {it}, best val loss {ckpt['best_val_loss']:.4f}" if same and it >= config["max_iters"] else None
-
-
 def checksums(obj, at=""):
-    """CRC-32 of every tensor's bytes in a checkpoint's (nested) entries, by its path ('model/L_net.alpha'):
-    written with every checkpoint, compared when one is read, so a damaged byte is never trusted."""
+    """CRC-32 of every tensor's bytes in a checkpoint's (nested) entries, by its path ('model/L_net.alpha')."""
     if torch.is_tensor(obj):
         return {at: zlib.crc32(obj.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())}
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
@@ -184,40 +156,13 @@ def checksums(obj, at=""):
 
 
 def file_crc(path):
-    crc = 0
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
-def verify(path, ckpt):
-    """ValueError (one line naming the file, what differs and what is still intact) where a checkpoint's tensors, or
-    an FSDP folder's files, differ from the checksums written with it. One without them (older code) passes.
-    A folder's files are shared out over torchrun's ranks (each checks every W-th), one process checks all."""
-    saved = ckpt.get("checksums")
-    if not saved:
-        return
-    if "sharded" in ckpt:
-        import torch.distributed as dist
-        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        names = sorted(saved)[rank::world]
-        bad = [n if os.path.isfile(os.path.join(path, n)) else f"{n} missing" for n in names
-               if not os.path.isfile(os.path.join(path, n)) or file_crc(os.path.join(path, n)) != saved[n]]
-    else:
-        now = checksums({k: ckpt[k] for k in ("model", "optimizer") if k in ckpt})
-        bad = [k for k in saved if now.get(k) != saved[k]] + [k for k in now if k not in saved]
-    if bad:
-        out_dir = os.path.dirname(os.path.normpath(path))
-        raise ValueError(f"{path} is damaged: {len(bad)} {'file' if 'sharded' in ckpt else 'tensor'}(s) missing or not "
-                         f"as written (checksums: {', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
-                         f"{intact(out_dir, damaged=path)}")
+        return functools.reduce(lambda crc, chunk: zlib.crc32(chunk, crc), iter(lambda: f.read(1 << 24), b""), 0)
 
 
 def save_checkpoint(path, ckpt):
-    """Write ckpt (ckpt.pt) to path atomically: a temporary file beside it, fsync, then os.replace, so a kill mid-save
-    leaves the previous file intact. A failed save (a full disk: OSError, or torch's zip writer's
-    RuntimeError) removes its temporary and stops the run with one line (stop_on_write_error)."""
+    """ckpt.pt, with its checksums, atomically (common.atomic_write: a kill mid-save leaves the previous file). A
+    failed save (a full disk: OSError, or torch's zip writer's RuntimeError) stops the run with one line."""
     ckpt = dict(ckpt, checksums=checksums({k: ckpt[k] for k in ("model", "optimizer") if k in ckpt}))
     try:
         with atomic_write(path, "wb") as f:
@@ -227,8 +172,7 @@ def save_checkpoint(path, ckpt):
 
 
 def load_checkpoint(path):
-    """A train.py checkpoint as a dict, loaded with weights_only=True (a pickle holding code never runs).
-    Every failure is a ValueError with one line that names the file and the problem."""
+    """A train.py checkpoint as a dict, weights_only=True (no pickled code runs); each failure a one-line ValueError."""
     sharded = os.path.isfile(os.path.join(path, DCP_META))
     if not os.path.isfile(path) and not sharded:
         raise ValueError(f"no checkpoint at {path}" + (" (it is a folder)" if os.path.isdir(path) else ""))
@@ -244,30 +188,30 @@ def load_checkpoint(path):
         ckpt["sharded"] = path   # the tensors stay in the folder: load_sharded reads them into a model
     if not isinstance(ckpt, dict) or not {"model", "model_args"} <= ckpt.keys() and "sharded" not in ckpt:
         raise ValueError(f"{path} is not a train.py checkpoint (no 'model' and 'model_args' entries)")
-    verify(path, ckpt)
+    if saved := ckpt.get("checksums"):   # a damaged byte is never trusted (older code wrote no checksums)
+        if "sharded" in ckpt:   # each of torchrun's ranks checks every W-th file
+            rank, world, _ = _dist()
+            bad = [n if os.path.isfile(f) else f"{n} missing" for n in sorted(saved)[rank::world]
+                   if not os.path.isfile(f := os.path.join(path, n)) or file_crc(f) != saved[n]]
+        else:
+            now = checksums({k: ckpt[k] for k in ("model", "optimizer") if k in ckpt})
+            bad = [k for k in saved if now.get(k) != saved[k]] + [k for k in now if k not in saved]
+        if bad:
+            raise ValueError(f"{path} is damaged: {len(bad)} {'file' if 'sharded' in ckpt else 'tensor'}(s) missing "
+                             f"or not as written (checksums: {', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
+                             f"{intact(os.path.dirname(os.path.normpath(path)), damaged=path)}")
     if "model" in ckpt:   # older code kept alpha and tau 0-d; model.py keeps them as 1-element vectors
         ckpt["model"] = {k: v.reshape(1) if v.dim() == 0 else v for k, v in ckpt["model"].items()}
     return ckpt
 
 
-def check_optimizer_fits(optimizer):
-    """Raise ValueError where a loaded AdamW moment has another shape than its parameter (torch checks the
-    groups' sizes when it loads, not the shapes; a wrong shape would fail later, inside a step)."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            for k, v in optimizer.state.get(p, {}).items():
-                if k != "step" and torch.is_tensor(v) and v.shape != p.shape:
-                    raise ValueError(f"the AdamW {k} of a parameter of shape {tuple(p.shape)} has shape {tuple(v.shape)}")
-
-
 def nonfinite_tensors(state_dict):
-    """Names of the floating-point tensors holding a NaN or Inf."""
     return [k for k, v in state_dict.items() if v.is_floating_point() and not torch.isfinite(v).all()]
 
 
 def model_from_checkpoint(ckpt, path="the checkpoint"):
-    """The model a train.py checkpoint holds (ckpt: the dict load_checkpoint returns). Refuses non-finite
-    weights: such a model only ever samples one token and trains with every step skipped."""
+    """The model a checkpoint (load_checkpoint's dict) holds. Refuses non-finite weights: such a model only ever
+    samples one token and trains with every step skipped."""
     bad = nonfinite_tensors(ckpt.get("model", {}))
     if bad:
         raise ValueError(f"{path} has non-finite weights in {len(bad)} tensor(s) ({', '.join(bad[:3])}"
@@ -289,7 +233,6 @@ def model_from_checkpoint(ckpt, path="the checkpoint"):
 
 def _dist():
     """(rank, world size, barrier) of torchrun's process group, or of the one process."""
-    import torch.distributed as dist
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), dist.barrier
     return 0, 1, lambda: None
@@ -300,20 +243,16 @@ SAVE_GROUP = []   # under torchrun, the process group those background writes co
 
 
 def save_sharded(path, model, optimizer, info, master, wait=True):
-    """ckpt_last.dcp: every rank writes its own shards of the weights and AdamW state at once
-    (torch.distributed.checkpoint), so no rank gathers the model and each writes 1/W of it; rank 0 adds
-    meta.pt (info: settings, iteration, AdamW's hyperparameters; every file's checksum). The state is copied to
-    host memory at once and written into path.tmp in the background (dcp.async_save) while training goes on; as
-    soon as every rank's files are written, rank 0 (in the background too) sums them, writes meta.pt and swaps
-    the folder in whole. A kill before that leaves the previous ckpt_last.dcp, as a kill mid-write always did.
-    The next save, the run's end, a signal's save (wait=True) wait for it (finish_sharded). Every rank calls it."""
-    import threading
-    import torch.distributed as dist
+    """ckpt_last.dcp: every rank's shards of the weights and AdamW state, copied to host memory at once and written
+    into path.tmp in the background (dcp.async_save) while training goes on; once every rank's are written, rank 0
+    (in the background too) adds meta.pt (info, AdamW's hyperparameters, every file's checksum) and swaps the
+    folder in whole: a kill before that leaves the previous one. finish_sharded waits for it (the next save, the
+    run's end, a signal's save: wait=True). Every rank calls it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
     finish_sharded()
-    tmp = path + ".tmp"
+    tmp, old = path + ".tmp", path + ".tmp.old"
     rank, world, barrier = _dist()
     try:
         if master and os.path.exists(tmp):
@@ -327,9 +266,23 @@ def save_sharded(path, model, optimizer, info, master, wait=True):
                                 no_dist=world == 1, process_group=SAVE_GROUP[0] if SAVE_GROUP else None)
     except (OSError, RuntimeError, CheckpointException) as e:   # the last: dcp's, a BaseException
         save_failed(e, path, info, master)
-    error = []
-    thread = threading.Thread(target=swap_in, args=(future, path, dict(info, param_groups=groups), error),
-                              daemon=True) if master else None
+    error = []   # swap_in's, for finish_sharded to report
+
+    def swap_in():   # rank 0's end: the old folder leaves only once the new one is whole, and older code's file
+        try:
+            future.result()
+            sums = {n: file_crc(os.path.join(tmp, n)) for n in os.listdir(tmp)}
+            with atomic_write(os.path.join(tmp, DCP_META), "wb") as f:
+                torch.save(dict(info, param_groups=groups, checksums=sums), f)
+            if os.path.exists(path):
+                os.replace(path, old)
+            os.replace(tmp, path)
+            for stale in (old, os.path.join(os.path.dirname(path), OLD_LAST)):
+                with suppress(OSError):   # absent, or it cannot go (read-only): harmless, a resume reads ckpt_last.dcp
+                    remove(stale)
+        except (OSError, RuntimeError, CheckpointException) as e:
+            error.append(e)
+    thread = threading.Thread(target=swap_in, daemon=True) if master else None
     if thread:
         thread.start()
     PENDING.append((thread, future, path, info, error))
@@ -337,39 +290,12 @@ def save_sharded(path, model, optimizer, info, master, wait=True):
         finish_sharded()
 
 
-def swap_in(future, path, info, error):
-    """Rank 0's end of a background save, once dcp has written every rank's files (and its .metadata): their
-    checksums and the rest into meta.pt, then the folder in place of the old one, which leaves only now; an
-    older run's ckpt_last.pt beside it goes. An error is kept in `error` for finish_sharded to report."""
-    from torch.distributed.checkpoint.api import CheckpointException
-    tmp, old = path + ".tmp", path + ".tmp.old"
-    try:
-        future.result()
-        sums = {n: file_crc(os.path.join(tmp, n)) for n in os.listdir(tmp)}
-        with open(os.path.join(tmp, DCP_META), "wb") as f:
-            torch.save(dict(info, checksums=sums), f)
-            f.flush()
-            os.fsync(f.fileno())
-        if os.path.exists(path):
-            os.replace(path, old)
-        os.replace(tmp, path)
-        for stale in (old, os.path.join(os.path.dirname(path), OLD_LAST)):
-            try:
-                remove(stale)
-            except OSError:   # absent, or it cannot go (read-only): harmless, a resume reads ckpt_last.dcp
-                pass
-    except (OSError, RuntimeError, CheckpointException) as e:
-        error.append(e)
-
-
 def finish_sharded():
-    """Wait for the background save of ckpt_last.dcp, if one is pending, to be whole (or stop with its error, one
-    line). Every rank calls it, at the same point."""
+    """Wait for a pending save of ckpt_last.dcp to be whole (or stop with its error, one line). Every rank calls it."""
     from torch.distributed.checkpoint.api import CheckpointException
     if not PENDING:
         return
     thread, future, path, info, error = PENDING.pop()
-    master = thread is not None
     try:
         future.result()   # this rank's writes: their error, if any, is raised here
         if thread:
@@ -378,15 +304,12 @@ def finish_sharded():
                 raise error[0]
         _dist()[2]()   # barrier: every rank past the swap before the next save starts
     except (OSError, RuntimeError, CheckpointException) as e:
-        save_failed(e, path, info, master)
+        save_failed(e, path, info, thread is not None)
 
 
 def save_failed(e, path, info, master):
-    """A save of ckpt_last.dcp that failed (a full disk): its half-written folder goes now, not at the next start,
-    and the run stops with one line (stop_on_write_error)."""
-    from torch.distributed.checkpoint.api import CheckpointException
-    if isinstance(e, CheckpointException):
-        e = next(iter(e.failures.values()), (e,))[0]   # {rank: (exception, its traceback)}
+    """A failed save of ckpt_last.dcp (a full disk): its half-written folder goes now, and the run stops (one line)."""
+    e = next(iter(e.failures.values()), (e,))[0] if hasattr(e, "failures") else e   # dcp's: {rank: (exception, tb)}
     if master:
         shutil.rmtree(path + ".tmp", ignore_errors=True)
     # a rank whose own write worked sees the failing rank leave its collective: that one speaks for both
@@ -395,18 +318,13 @@ def save_failed(e, path, info, master):
 
 
 def load_sharded(path, model, optimizer=None, param_groups=None):
-    """ckpt_last.dcp into this model (FSDP-sharded, DDP or one process, at any world size: each rank reads the
-    pieces it holds) and, given, the optimizer, with the saved AdamW hyperparameters (param_groups). ValueError
-    (one line) where it does not fit, or holds a non-finite weight."""
+    """ckpt_last.dcp into this model (at any world size, FSDP or not: each rank reads the pieces it holds) and, given,
+    the optimizer with the saved AdamW hyperparameters. ValueError (one line): it does not fit, or a weight is NaN."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
-                                                         set_state_dict)
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
     try:
-        if optimizer is None:
-            model_sd, optim_sd = get_model_state_dict(model), None
-        else:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer or [])   # optim_sd: {} without one
         if not os.path.isfile(os.path.join(path, ".metadata")):   # written last: the save did not finish
             raise ShardError(f"{path}: its .metadata (the index of its shards) is missing; resume from an "
                              f"intact checkpoint")
@@ -430,9 +348,9 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
         if len(param_groups) != len(optim_sd["param_groups"]):
             raise ValueError(f"it holds {len(param_groups)} AdamW parameter groups, this run has "
                              f"{len(optim_sd['param_groups'])} (scalar_lr_mult != 1 adds one)")
-        optim_sd["param_groups"] = [dict(saved, params=g["params"]) for saved, g in zip(param_groups, optim_sd["param_groups"])]
-        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-        check_optimizer_fits(optimizer)
+        optim_sd["param_groups"] = [dict(saved, params=g["params"])
+                                    for saved, g in zip(param_groups, optim_sd["param_groups"])]
+        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)   # shapes: dcp's
     except ShardError:
         raise
     except (KeyError, TypeError, ValueError, RuntimeError, AssertionError) as e:
@@ -440,13 +358,12 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
 
 
 class ShardError(ValueError):
-    """A sharded checkpoint's shard that cannot be read (missing, truncated): load_sharded says so as it is."""
+    """A shard that cannot be read (missing, truncated): load_sharded's callers say so as it is."""
 
 
 def load_optimizer_state(model, optimizer, osd, path):
-    """An older run's ckpt_last.pt's AdamW state (torch's positional format; alpha's and tau's moments 0-d) into this
-    run's optimizer, at any world size: positions become parameter names, which set_optimizer_state_dict shards
-    where FSDP is on. ValueError (one line) where it does not fit: other parameter groups, or other shapes."""
+    """An older ckpt_last.pt's AdamW state (torch's positional format; alpha's and tau's moments 0-d), at any world
+    size: positions become parameter names, which set_optimizer_state_dict shards under FSDP. ValueError (one line)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     names = {id(p): n for n, p in model.named_parameters()}
     order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
@@ -455,41 +372,23 @@ def load_optimizer_state(model, optimizer, osd, path):
         osd = {"state": {order[i]: {k: vec(k, t) for k, t in st.items()} for i, st in osd["state"].items()},
                "param_groups": [dict(g, params=[order[i] for i in g["params"]]) for g in osd["param_groups"]]}
         set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
-        check_optimizer_fits(optimizer)
+        for p in (p for g in optimizer.param_groups for p in g["params"]):   # torch checks the groups' sizes only
+            for k, v in optimizer.state.get(p, {}).items():
+                if k != "step" and torch.is_tensor(v) and v.shape != p.shape:
+                    raise ValueError(f"the AdamW {k} of a parameter of shape {tuple(p.shape)} has shape "
+                                     f"{tuple(v.shape)}")
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
         raise ValueError(f"{path}: its optimizer state does not fit this model: {one_line(e)}") from None
-
-
-def restore_state(model, optimizer, ckpt, path, resume):
-    """What train.py applies once the model and optimizer exist: a sharded checkpoint's weights (and, to resume,
-    its AdamW state and hyperparameters), or an older single file's AdamW state (its weights were loaded before
-    sharding). ValueError (one line) where it does not fit."""
-    if "sharded" in ckpt:
-        load_sharded(path, model, optimizer if resume else None, ckpt.get("param_groups"))
-    elif resume:
-        load_optimizer_state(model, optimizer, ckpt.pop("optimizer"), path)
-
-
-def full_weights(model, ranks, fsdp):
-    """The model's weights as one process holds them (ckpt.pt), on the master (None elsewhere). Under FSDP every
-    rank must call this (it gathers the shards, to the master's CPU)."""
-    if not fsdp:
-        return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return sd if ranks.master else None
 
 
 def check_resume(ckpt, path, model_args, config, meta):
     """Whether the run `config` (with `model_args` and the dataset's `meta`) can resume ckpt exactly.
     Returns (errors, notes): one line per reason it cannot; the schedule settings that changed (allowed)."""
     errors = []
-    saved = ckpt.get("model_args", {})
-    diff = {k: (saved.get(k, getattr(ModelConfig, k)), model_args[k]) for k in model_args
-            if saved.get(k, getattr(ModelConfig, k)) != model_args[k]}  # a key older than the file: its default
+    saved = {k: ckpt.get("model_args", {}).get(k, getattr(ModelConfig, k)) for k in model_args}   # older: defaults
+    diff = [f"{k}={saved[k]!r} in the checkpoint vs {v!r} now" for k, v in model_args.items() if saved[k] != v]
     if diff:
-        errors.append(f"{path} holds a different model: " +
-                      ", ".join(f"{k}={a!r} in the checkpoint vs {b!r} now" for k, (a, b) in diff.items()))
+        errors.append(f"{path} holds a different model: " + ", ".join(diff))
     old = ckpt.get("config", {})
     changed = {k: (old[k], config[k]) for k in config if k in old and old[k] != config[k] and k not in MODEL_FIELDS}
     data_diff = [f"{k}={a!r} in the checkpoint vs {b!r} now" for k, (a, b) in changed.items() if k in DATA_KEYS]
@@ -536,11 +435,9 @@ def trim_log(out_dir, upto):
     keep = []
     with open(path) as f:
         for line in f:
-            try:
+            with suppress(ValueError, KeyError, TypeError):
                 if json.loads(line)["iter"] <= upto:
                     keep.append(line if line.endswith("\n") else line + "\n")
-            except (ValueError, KeyError, TypeError):
-                pass
     try:
         with atomic_write(path) as f:
             f.writelines(keep)
@@ -550,25 +447,19 @@ def trim_log(out_dir, upto):
 
 
 def read_log(out_dir):
-    """out_dir/log.jsonl as a list of dicts sorted by iteration, and the number of lines skipped: lines
-    that are not a JSON object with an integer "iter" (a run killed mid-write, a hand edit). An iteration
-    logged twice keeps its last line. Raises ValueError (one line) where there is no valid line at all."""
+    """log.jsonl's rows sorted by iteration (one logged twice: its last line), and how many lines are not a JSON object
+    with an integer "iter" (a run killed mid-write, a hand edit). ValueError (one line) where no line is."""
     path = os.path.join(out_dir, LOG)
     if not os.path.isfile(path):
         raise ValueError(f"{path} not found (is {out_dir!r} a train.py out_dir?)")
-    rows, skipped = [], 0
     with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except ValueError:
-                r = None
-            if isinstance(r, dict) and isinstance(r.get("iter"), int) and not isinstance(r["iter"], bool):
-                rows.append(r)
-            else:
-                skipped += 1
+        lines = [line for line in f if line.strip()]
+    rows = []
+    for line in lines:
+        with suppress(ValueError):
+            rows.append(json.loads(line))
+    rows = [r for r in rows if isinstance(r, dict) and type(r.get("iter")) is int]   # not a bool either
+    skipped = len(lines) - len(rows)
     if not rows:
         raise ValueError(f"{path} has no log lines" + (f" ({skipped} malformed)" if skipped else " (it is empty)") +
                          "; train.py writes one per evaluation")
@@ -604,19 +495,19 @@ class Run:
         return self.config["init_from"] == "resume"
 
     def save(self, path, model, optimizer, wait=True):
-        """ckpt.pt (the best model, for sampling) holds the weights and settings, one file the master writes
-        atomically; ckpt_last.dcp (for resume) also the AdamW state and the counters, the shards every rank writes at
-        once. Every rank calls it (FSDP gathers ckpt.pt's weights to the master)."""
-        c, master, fsdp = self.config, self.ranks.master, self.config["fsdp"]
+        """ckpt.pt (the best model, for sampling): weights and settings, one file the master writes; ckpt_last.dcp
+        (to resume) also the AdamW state and the counters, sharded (save_sharded). Every rank calls it."""
         finish_sharded()   # the last resume state first, whole (or its error, one line): saves stay in order
-        info = {"model_args": self.model_args, "config": c, "iter_num": self.iter_num,
+        info = {"model_args": self.model_args, "config": self.config, "iter_num": self.iter_num,
                 "best_val_loss": self.best_val_loss, "best_iter": self.best_iter, "meta": self.meta}
         if os.path.basename(path) == CKPT_LAST:
             info.update(skipped_total=self.skipped_total, eval_pending=self.eval_pending, grad_norm=self.grad_norm)
-            return save_sharded(path, model, optimizer, info, master, wait)
-        model_sd = full_weights(model, self.ranks, fsdp) if master or fsdp else None   # FSDP: a collective
-        if master:
-            save_checkpoint(path, dict(info, model=model_sd))
+            return save_sharded(path, model, optimizer, info, self.ranks.master, wait)
+        if self.config["fsdp"]:   # a collective: every rank's shards gathered, to the master's CPU
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            model_sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.ranks.master:
+            save_checkpoint(path, dict(info, model=model_sd if self.config["fsdp"] else model.state_dict()))
 
     def load_weights(self, model):
         """A single-file checkpoint's weights into the model (whole, or each rank its FSDP shards), dropped from
@@ -630,13 +521,16 @@ class Run:
         return []
 
     def restore(self, model, optimizer, errors):
-        """The rest of the start once the model and optimizer exist: the checkpoint's AdamW state (a sharded one's
-        weights too) and, to resume, its counters, dropping what a killed run logged after it; wandb. Stops every
-        rank on any error (`errors`: load_weights', one line each), else prints the notes (on the master)."""
+        """The rest of the start once the model and optimizer exist: a sharded checkpoint's weights, and to resume
+        the AdamW state and counters, dropping what a killed run logged after it; wandb. Stops every rank on any
+        error (`errors`: load_weights', one line each), else prints the notes (on the master)."""
         c, master = self.config, self.ranks.master
         if self.ckpt is not None and not errors:
             try:
-                restore_state(model, optimizer, self.ckpt, self.source, self.resume)
+                if "sharded" in self.ckpt:
+                    load_sharded(self.source, model, optimizer if self.resume else None, self.ckpt.get("param_groups"))
+                elif self.resume:   # an older ckpt_last.pt: its weights came with load_weights
+                    load_optimizer_state(model, optimizer, self.ckpt.pop("optimizer"), self.source)
                 if self.resume and master:
                     trim_log(c["out_dir"], self.ckpt["iter_num"])
             except ValueError as e:
@@ -649,52 +543,47 @@ class Run:
             except Exception as e:   # e.g. not logged in
                 errors.append(f"wandb_log=True but wandb.init failed: {one_line(e)}")
         parallel.stop_on_errors(errors, self.ranks)
-        log = (lambda line: print(line, flush=True)) if master else (lambda line: None)
-        for note in self.notes:
-            log(note)
         if self.ckpt is not None and not self.resume:   # a new run from these weights: a fresh optimizer and schedule
-            log(f"starting from the weights of {self.source} (iter {self.ckpt['iter_num']})")
+            self.notes.append(f"starting from the weights of {self.source} (iter {self.ckpt['iter_num']})")
         elif self.ckpt is not None:   # where the run stopped
             for k in ("iter_num", "best_val_loss", "best_iter", "skipped_total", "eval_pending", "grad_norm"):
                 setattr(self, k, self.ckpt.get(k, getattr(self, k)))
+        for note in self.notes if master else ():
+            print(note, flush=True)
         self.ckpt = None
 
 
 def start_run(config, ranks, dtype):
-    """Everything train.py can check before any work once its process group is up (ranks) and its precision known
-    (dtype), in order: the settings, the dataset, the model's settings, wandb; then whether out_dir already holds
-    this very run, finished (say so and exit 0); out_dir's lock; the checkpoint to start from and, to resume,
-    whether it fits these settings.
-    Each problem is one line and every rank stops on them together (exit status 2: common.fail); else the Run,
-    with its checkpoint loaded (weights not yet applied) and the errors and notes left for Run.restore."""
+    """Every check train.py can make before work, in order: settings, dataset, model, wandb; out_dir holds this run,
+    finished (exit 0); out_dir's lock; the checkpoint and whether a resume fits it. Every rank stops on the problems
+    together, one line each (exit status 2); else the Run, its checkpoint loaded, its notes left for Run.restore."""
     from hrmlm import data
     from configurator import check_train_settings, train_setting_notes
     c = config
     errors = check_train_settings(dict(c, dtype=dtype), ranks.ddp)   # ranges, choices, combinations
     resume, notes = c["init_from"] == "resume", []   # notes: printed once every check has passed
-    if not errors:
-        notes += train_setting_notes(c)
+    notes += [] if errors else train_setting_notes(c)
+
+    def attempt(f, *args):   # its ValueError is one more error line
+        try:
+            return f(*args)
+        except ValueError as e:
+            errors.append(str(e))
+
+    def fit_micro_batches(saved=None):   # parallel.micro_batches: a resumed run keeps its checkpoint's (saved)
+        accum, batch, note = parallel.micro_batches(c["gradient_accumulation_steps"], c["batch_size"],
+                                                    ranks.world_size, saved)
+        c.update(gradient_accumulation_steps=accum, batch_size=batch)
+        notes.extend([note] if note else [])
     if ranks.ddp and not ranks.device.startswith("cuda"):   # torchrun without a usable GPU: say where it runs
         notes.append(f"note: {ranks.world_size} processes on the CPU (gloo), not GPUs: torch sees no GPU it can use")
     if not resume:   # a new run on more ranks than its config was written for splits its micro-batches
-        try:         # (parallel.micro_batches); a resumed run keeps its checkpoint's (below)
-            accum, batch, note = parallel.micro_batches(c["gradient_accumulation_steps"], c["batch_size"],
-                                                        ranks.world_size)
-            c.update(gradient_accumulation_steps=accum, batch_size=batch)
-            notes += [note] if note else []
-        except ValueError as e:
-            errors.append(str(e))
-    splits, meta = {}, None
-    try:   # the files checked against meta.json, and each split long enough for block_size
-        splits, meta = data.open_dataset(c["data_dir"], c["dataset"], c["block_size"], c["vocab_size"])
-    except ValueError as e:
-        errors.append(str(e))
+        attempt(fit_micro_batches)
+    splits, meta = attempt(data.open_dataset, c["data_dir"], c["dataset"], c["block_size"],   # checked: meta.json,
+                           c["vocab_size"]) or ({}, None)   # and each split long enough for block_size
     c["vocab_size"] = meta["vocab_size"] if meta else c["vocab_size"] or 50257   # the dataset's
     model_args = {k: c[k] for k in MODEL_FIELDS}
-    try:
-        ModelConfig(**model_args)
-    except ValueError as e:
-        errors.append(str(e))
+    attempt(lambda: ModelConfig(**model_args))
     if c["wandb_log"] and ranks.master:
         try:
             import wandb  # noqa: F401
@@ -702,32 +591,29 @@ def start_run(config, ranks, dtype):
             errors.append("wandb_log=True needs the wandb package: pip install wandb (or leave wandb_log off)")
     run = Run(c, ranks, splits, meta, model_args, notes=notes)
     out_dir = c["out_dir"]
-    finished = not resume and not c["overwrite"] and not c["eval_only"] and not errors and finished_run(out_dir, c)
-    if finished and ranks.master:   # the same command again: say so, touch nothing
-        print(f"{out_dir} holds this run, finished ({finished}): nothing to do; sample it with "
-            f"python sample.py --out_dir={out_dir}, or train it again with --overwrite=True", flush=True)
-    if finished:
+    finished = False   # out_dir holds this very run, finished: the same command again
+    if not resume and not c["overwrite"] and not c["eval_only"] and not errors:
+        with suppress(Exception):   # no run there, or not one to compare
+            old = read_info(resume_path(out_dir))
+            finished = old["iter_num"] >= c["max_iters"] and all(
+                k not in old["config"] or old["config"][k] == v for k, v in c.items() if k not in SILENT_KEYS)
+    if finished:   # say so, touch nothing
+        if ranks.master:
+            print(f"{out_dir} holds this run, finished (iter {old['iter_num']}, best val loss "
+                  f"{old['best_val_loss']:.4f}): nothing to do; sample it with python sample.py --out_dir={out_dir}, "
+                  f"or train it again with --overwrite=True", flush=True)
         sys.exit(parallel.end_process_group(ranks))
     if ranks.master and not errors:
-        run.lock, problem = take_out_dir(out_dir, c["init_from"] if c["init_from"] in ("resume", "scratch") else "from",
-                                         c["overwrite"], c["eval_only"])
+        mode = c["init_from"] if c["init_from"] in ("resume", "scratch") else "from"
+        run.lock, problem = take_out_dir(out_dir, mode, c["overwrite"], c["eval_only"])
         errors += [problem] if problem else []
     parallel.stop_on_errors(errors, ranks)
-    if c["init_from"] != "scratch":   # every rank loads it: ckpt_last.dcp to resume, or the weights a new run starts from
-        try:
-            run.source = resume_path(out_dir) if resume else find_checkpoint(c["init_from"])
-            run.ckpt = load_checkpoint(run.source)
-        except ValueError as e:
-            errors.append(str(e))
+    if c["init_from"] != "scratch":   # every rank loads it: ckpt_last.dcp to resume, or a new run's weights
+        run.source = resume_path(out_dir) if resume else attempt(find_checkpoint, c["init_from"])
+        run.ckpt = run.source and attempt(load_checkpoint, run.source)
     if resume and run.ckpt is not None:
-        saved = tuple(run.ckpt.get("config", {}).get(k, c[k]) for k in ("gradient_accumulation_steps", "batch_size"))
-        try:
-            accum, batch, note = parallel.micro_batches(c["gradient_accumulation_steps"], c["batch_size"],
-                                                        ranks.world_size, saved)
-            c.update(gradient_accumulation_steps=accum, batch_size=batch)
-            notes += [note] if note else []
-        except ValueError as e:
-            errors.append(str(e))
+        attempt(fit_micro_batches, tuple(run.ckpt.get("config", {}).get(k, c[k])
+                                         for k in ("gradient_accumulation_steps", "batch_size")))
         problems, changed = check_resume(run.ckpt, run.source, model_args, c, meta)
         errors += problems
         if changed:
