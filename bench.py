@@ -1,6 +1,6 @@
 """
-The paper's Latency and GenSpeed tables, plus cached decoding and training throughput,
-measured side by side in one run on this machine.
+The paper's Latency and GenSpeed tables, plus cached decoding and training throughput, measured side by side in
+one run on this machine.
 
     python bench.py --preset=cpu --json=bench.json          # a 2-core CPU, a few minutes (the default on a CPU)
     python bench.py --preset=paper                           # d=4096, seq 1024, bf16: for a GPU (its default there)
@@ -8,27 +8,23 @@ measured side by side in one run on this machine.
     python bench.py --preset=cpu --models=hrm_nt12 --compile # torch.compile'd forward (a minute per model)
     python bench.py --preset=cpu --models=beyond             # the options beyond the paper (docs/MODEL.md section 8)
 
-For every model, each phase runs in a fresh process, so that on the CPU the peak resident
-memory of the process is that model's alone (on CUDA: torch.cuda.max_memory_allocated).
+Each phase of each model runs in a fresh process: on the CPU its peak resident memory is that model's alone
+(on CUDA: torch.cuda.max_memory_allocated).
   - latency: one forward of one sequence (batch 1, no cache), median of reps
-  - generation: the paper's protocol (prompt 64, generate 128, batch 1, greedy), with full
-    recompute (every token re-runs the whole context, as the paper measured) and with the cache;
-    and the bound on their ratio: recompute's time per token over the time of the weight
-    matrix-vector products alone that one cached token needs (each weight matrix read once per
-    block application -- at batch 1 these set the floor under cached decoding)
-  - training: one forward+backward with the model's K (no optimiser step). MFU from FLOPs counted
-    by torch's FLOP counter on the real model (counted_train_flops: every matmul that runs, no-grad
-    steps, gates and Slow module included) against a peak measured in this run by a large matmul
-    (and on CUDA also against the datasheet bf16 peak). Beside it, labelled, the MFU the paper's
-    FLOP model would give -- S(M + 2K) C for HRM, (M + 2K) C for UniTF, 3 L C for the Transformer,
-    with C = B n (32 d^2 + 4 n d) the forward FLOPs of one block -- which leaves out HRM's gates,
-    its Slow module and the no-grad steps' extras.
+  - generation: the paper's protocol (prompt 64, generate 128, batch 1, greedy), with full recompute (as the paper
+    measured) and with the cache; bound: what cached/recompute would be if a cached token cost only its weight
+    matrix-vector products (each weight read once per block application: the floor at batch 1)
+  - training: one forward+backward with the model's K (no optimiser step); MFU from the FLOPs that really run
+    (hrmlm/flops.py) against a matmul peak measured in this run (CUDA: also the datasheet bf16 peak), and beside
+    it, labelled, the MFU of the paper's FLOP model (S(M + 2K) C for HRM, (M + 2K) C for UniTF, 3 L C for the
+    Transformer, C = B n (32 d^2 + 4 n d)), which leaves out HRM's gates, Slow module and no-grad steps' extras.
 Model weights are random: latency and memory do not depend on their values.
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -38,7 +34,6 @@ if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on (s
     exit_on_signals()
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from hrmlm.common import (DTYPES, HelpFormatter, check_output_path, fail, precision_context, sync, timed,
                           usable_device)  # noqa: E402
@@ -67,18 +62,12 @@ BEYOND = {
     "hrm_m48_gradckpt_full": dict(arch="hrm", N=24, T=2, K=48, grad_ckpt=True),
 }
 ROWS = {**PAPER, **BEYOND}
-PRESETS = {
-    # the paper's setting: d=4096 (hrm_nt36: 2048), 16 heads, seq 1024, bfloat16
-    "paper": dict(d=4096, n_head=16, seq=1024, vocab=V, dtype="bfloat16", reps=20, gen_reps=5, train_reps=5,
-                  train_batch=1),
-    # the same architectures at d=256 (hrm_nt36: 128), 4 heads, seq 256, float32, and the vocabulary scaled
-    # with d (50257 * 256/4096 = 3141) so that the tied output layer weighs what it does at the paper's
-    # size (0.77 of a block) instead of 12 blocks: minutes on 2 cores
-    "cpu": dict(d=256, n_head=4, seq=256, vocab=V * 256 // 4096, dtype="float32", reps=3, gen_reps=2,
-                train_reps=2, train_batch=1),
-    # seconds, for the tests
-    "tiny": dict(d=64, n_head=4, seq=64, vocab=V * 64 // 4096, dtype="float32", reps=1, gen_reps=1,
-                 train_reps=1, train_batch=1),
+PRESETS = {   # the paper's setting (hrm_nt36 at d=2048); training at batch 1 (a worker's spec may set train_batch)
+    "paper": dict(d=4096, n_head=16, seq=1024, vocab=V, dtype="bfloat16", reps=20, gen_reps=5, train_reps=5),
+    # cpu: minutes on 2 cores; the vocabulary scales with d (50257 * 256/4096 = 3141) so that the tied output
+    # layer weighs what it does at the paper's size (0.77 of a block) instead of 12 blocks. tiny: seconds, for tests
+    "cpu": dict(d=256, n_head=4, seq=256, vocab=V * 256 // 4096, dtype="float32", reps=3, gen_reps=2, train_reps=2),
+    "tiny": dict(d=64, n_head=4, seq=64, vocab=V * 64 // 4096, dtype="float32", reps=1, gen_reps=1, train_reps=1),
 }
 PROMPT, GEN = 64, 128
 
@@ -95,10 +84,9 @@ def model_config(name, preset, **override):
 def reset_peak(device):
     """Start a new peak: CUDA's counter, or on Linux the process's RSS high-water mark (VmHWM)."""
     if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats(device)
-    else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+        return torch.cuda.reset_peak_memory_stats(device)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def peak_mb(device):
@@ -116,24 +104,6 @@ def current_mb(device):
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def decode_weights(model, prompt):
-    """The weight matrices one cached decoding step multiplies by, in order: every nn.Linear as the
-    model calls it (a shared block's weights once per application), then the tied output layer."""
-    ws = []
-    hooks = [m.register_forward_hook(lambda m, inp, out: ws.append(m.weight))
-             for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    try:
-        cache = engine.new_cache(model, 1, max_len=prompt.size(1))
-        with torch.no_grad():
-            model(prompt[:, :-1], cache=cache)
-            ws.clear()
-            model(prompt[:, -1:], cache=cache, pos=prompt.size(1) - 1, last_only=True)
-    finally:
-        for h in hooks:
-            h.remove()
-    return ws + [model.wte.weight]
-
-
 def policy_of(model, kv):
     """kv where the model has that cache policy, else the exact one (a Transformer; fired for UniTF)."""
     try:
@@ -144,88 +114,83 @@ def policy_of(model, kv):
 
 
 def floor_products(model, prompt, device, dtype, g):
-    """The floor under cached decoding: the weights one token multiplies by (decode_weights), and a function that
-    runs exactly those matrix-vector products, nothing else."""
-    ws = decode_weights(model, prompt)
+    """The floor under cached decoding: the weight matrices one cached step multiplies by, in order (every nn.Linear
+    as the model calls it, a shared block's once per application, then the tied output layer), and a function
+    that runs exactly those matrix-vector products, nothing else."""
+    ws, cache = [], engine.new_cache(model, 1, max_len=prompt.size(1))
+    with torch.no_grad():
+        model(prompt[:, :-1], cache=cache)
+        hooks = [m.register_forward_hook(lambda m, inp, out: ws.append(m.weight))
+                 for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        model(prompt[:, -1:], cache=cache, pos=prompt.size(1) - 1, last_only=True)
+    for h in hooks:
+        h.remove()
+    ws.append(model.wte.weight)
     xs = {n: torch.randn(1, n, generator=g).to(device=device, dtype=dtype) for n in {w.size(1) for w in ws}}
-
-    @torch.no_grad()
-    def products():
-        return [F.linear(xs[w.size(1)], w) for w in ws]
-    return ws, products
+    return ws, torch.no_grad()(lambda: [torch.nn.functional.linear(xs[w.size(1)], w) for w in ws])
 
 
-def measure_inference(model, cfg, p, device, dtype, g, compile_forward, kv="full"):
-    """Latency, generation (recompute and cached, under cache policy kv where the model has it, else the exact
-    one), the matvec floor under cached decoding, the KV cache."""
-    kv = policy_of(model, kv)
-    out = {"kv": kv}
+def measure_inference(model, cfg, p, device, dtype, g, spec):
+    """Latency, generation (recompute and cached, under cache policy spec["kv"] where the model has it, else the
+    exact one), the matvec floor under cached decoding, the KV cache."""
+    kv = policy_of(model, spec.get("kv", "full"))
     x = torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g).to(device)
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
     ws, products = floor_products(model, prompt, device, dtype, g)
     floor = timed(products, device, 20)
-    if compile_forward:  # every forward below compiled, recompute and cached alike; warm-ups compile
+    if spec.get("compile"):  # every forward below compiled, recompute and cached alike; warm-ups compile
         model.forward = torch.compile(model.forward, dynamic=True)
     with torch.no_grad():
-        out["latency_ms"] = timed(lambda: model(x), device, p["reps"]) * 1000
+        out = {"kv": kv, "latency_ms": timed(lambda: model(x), device, p["reps"]) * 1000}
     if device.startswith("cuda"):
         out["peak_mem_mb"] = peak_mb(device)
     for use_cache, key in ((False, "gen_tok_s_recompute"), (True, "gen_tok_s_cached")):
         def gen(n=GEN):
             return engine.generate(model, prompt, n, temperature=0, use_cache=use_cache, kv=kv if use_cache else "full")
         out[key] = GEN / timed(gen, device, p["gen_reps"], warmup=lambda: gen(8))
-    out["gen_speedup"] = out["gen_tok_s_cached"] / out["gen_tok_s_recompute"]
-    out["decode_matvec_ms"] = floor * 1000
-    out["decode_weight_mb"] = sum(w.numel() * w.element_size() for w in ws) / 2**20
-    out["gen_speedup_bound"] = (1 / out["gen_tok_s_recompute"]) / floor
-    before = current_mb(device) if device.startswith("cuda") else None
+    before = current_mb(device)   # on CUDA what the cache allocates; on the CPU (RSS is too coarse) its bytes
     cache = engine.new_cache(model, 1, max_len=PROMPT + GEN, dtype=dtype, kv=kv)
-    measured = cache.nbytes() if before is None else (current_mb(device) - before) * 2**20
-    out["kv_cache_mb"] = measured / 2**20
-    out["kv_cache_formula_mb"] = engine.kv_cache_bytes(model, PROMPT + GEN, dtype=dtype, kv=kv) / 2**20
-    return out
+    return {**out, "gen_speedup": out["gen_tok_s_cached"] / out["gen_tok_s_recompute"],
+            "decode_matvec_ms": floor * 1000, "decode_weight_mb": sum(w.numel() * w.element_size() for w in ws) / 2**20,
+            "gen_speedup_bound": (1 / out["gen_tok_s_recompute"]) / floor,
+            "kv_cache_mb": current_mb(device) - before if device.startswith("cuda") else cache.nbytes() / 2**20,
+            "kv_cache_formula_mb": engine.kv_cache_bytes(model, PROMPT + GEN, dtype=dtype, kv=kv) / 2**20}
 
 
-def profile_decoding(model, cfg, p, device, dtype, g, compile_forward, kv="full", n_prof=32, static=False):
+def profile_decoding(model, cfg, p, device, dtype, g, spec, n_prof=32):
     """--profile: where a cached token's time goes. One-token steps timed alternately with the floor (the same
     weight matrix-vector products back to back), so the machine's drift hits both alike; then n_prof steps under
-    torch.profiler: per token, the ops' CPU time and count, and the share in matrix products. static: against
-    engine.StaticKVCache, compiled (compile_forward) with fixed shapes in mode "reduce-overhead" (CUDA graphs on
+    torch.profiler: per token, the ops' time and count, and the share in matrix products. spec["static"]: against
+    engine.StaticKVCache, compiled (spec["compile"]) with fixed shapes in mode "reduce-overhead" (CUDA graphs on
     a GPU; on a CPU that mode compiles as the default one does)."""
-    import statistics
     from torch.profiler import profile
-    kv = policy_of(model, kv)   # as in the table
+    kv, static = policy_of(model, spec.get("kv", "full")), spec.get("static", False)   # kv as in the table
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
     _, products = floor_products(model, prompt, device, dtype, g)
-    if compile_forward:   # the fixed-shape step in one graph: a graph break is an error, not a silently split CUDA graph
+    if spec.get("compile"):   # the fixed-shape step in one graph: a graph break is an error, not a split CUDA graph
         model.forward = torch.compile(model.forward, dynamic=not static, mode="reduce-overhead" if static else None,
                                       fullgraph=static)
     cache = engine.new_cache(model, 1, max_len=PROMPT + GEN, dtype=dtype, kv=kv, static=static)
-    tok, floors, steps = prompt[:, -1:], [], []
     at = lambda pos, t=1: engine.position(cache, pos, t)   # noqa: E731  (a device tensor under static)
+    step = lambda pos, tok=prompt[:, -1:]: model(tok, cache=cache, pos=at(pos), last_only=True)   # noqa: E731
     with torch.no_grad():
         model(prompt, cache=cache, pos=at(0, PROMPT), last_only=True)   # the prefill
-        for pos in range(PROMPT, PROMPT + GEN):                 # the first 8 steps warm up (and compile)
-            floor = timed(products, device, 1)
-            step = timed(lambda: model(tok, cache=cache, pos=at(pos), last_only=True), device, 1, warmup=lambda: None)
-            if pos >= PROMPT + 8:
-                floors.append(floor)
-                steps.append(step)
+        times = [(timed(products, device, 1), timed(lambda: step(pos), device, 1, warmup=lambda: None))
+                 for pos in range(PROMPT, PROMPT + GEN)]
+        floors, steps = zip(*times[8:])   # the first 8 steps warm up (and compile)
         activities, t, clock = profiler_clock(device)
         with profile(activities=activities) as prof:
             for pos in range(PROMPT + 8, PROMPT + 8 + n_prof):   # positions written before: rewritten alike
-                model(tok, cache=cache, pos=at(pos), last_only=True)
+                step(pos)
         sync(device)
     ev = prof.key_averages()
     mms = [e for e in ev if e.key in ("aten::mm", "aten::addmm")]
-    top = sorted(ev, key=lambda e: -t(e))[:8]
+    ms = lambda es: sum(t(e) for e in es) / n_prof / 1e3   # noqa: E731  per token
     return {"cache": type(cache).__name__, "step_ms": statistics.median(steps) * 1e3,
-            "floor_ms": statistics.median(floors) * 1e3, "clock": clock,
-            "steps": len(steps), "profiled_ms": sum(t(e) for e in ev) / n_prof / 1e3,
-            "mm_ms": sum(t(e) for e in mms) / n_prof / 1e3,
-            "mm_calls": sum(e.count for e in mms) / n_prof,
-            "ops": sum(e.count for e in ev) / n_prof, "mm_floor_ms": timed(products, device, 20) * 1e3,
-            "top": [(e.key, t(e) / n_prof / 1e3, e.count / n_prof) for e in top]}
+            "floor_ms": statistics.median(floors) * 1e3, "clock": clock, "steps": len(steps), "profiled_ms": ms(ev),
+            "mm_ms": ms(mms), "mm_calls": sum(e.count for e in mms) / n_prof, "ops": sum(e.count for e in ev) / n_prof,
+            "mm_floor_ms": timed(products, device, 20) * 1e3,
+            "top": [(e.key, t(e) / n_prof / 1e3, e.count / n_prof) for e in sorted(ev, key=lambda e: -t(e))[:8]]}
 
 
 def profiler_clock(device):
@@ -238,34 +203,30 @@ def profiler_clock(device):
 
 
 def show_profile(name, r):
-    """--profile's lines for one model."""
     fixed = " (fixed-shape cache)" if r.get("cache") == "StaticKVCache" else ""
     print(f"{name}{fixed}: a cached token takes {r['step_ms']:.2f} ms, the floor {r['floor_ms']:.2f} ms (medians of "
           f"{r['steps']} alternating timings): {r['floor_ms'] / r['step_ms']:.0%} of the bound")
-    print(f"  profiled, per token: {r['profiled_ms']:.2f} ms of {r['clock']} time in {r['ops']:.0f} ops; matrix products "
-          f"{r['mm_ms']:.2f} ms ({r['mm_ms'] / r['profiled_ms']:.0%}), the same products back to back "
+    print(f"  profiled, per token: {r['profiled_ms']:.2f} ms of {r['clock']} time in {r['ops']:.0f} ops; matrix "
+          f"products {r['mm_ms']:.2f} ms ({r['mm_ms'] / r['profiled_ms']:.0%}), the same products back to back "
           f"{r['mm_floor_ms']:.2f} ms; the rest {r['profiled_ms'] - r['mm_ms']:.2f} ms")
     for key, ms, calls in r["top"]:
         print(f"  {ms:7.3f} ms {calls:6.1f} calls  {key[:70]}")
 
 
-def measure_memory(model, cfg, p, device, dtype, g):
-    """Peak resident memory of one forward on the CPU (run in a fresh process whose allocator returns
-    freed tensors to the OS: see run_worker)."""
+def measure_memory(model, cfg, p, device, dtype, g, spec):
+    """Peak resident memory of one forward on the CPU (in a fresh process whose allocator returns freed tensors
+    to the OS: see run_worker)."""
     with torch.no_grad():
         model(torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g))
     return {"peak_mem_mb": peak_mb(device)}
 
 
-def measure_training(model, cfg, p, device, dtype, g, batch, clean_memory):
+def measure_training(model, cfg, p, device, dtype, g, spec):
     """One forward + backward with the model's K (no optimiser step): time, memory, counted FLOPs."""
-    out = {}
     model.train()
-    B, n = batch, p["seq"]
-    x = torch.randint(0, cfg.vocab_size, (B, n), generator=g).to(device)
-    y = torch.randint(0, cfg.vocab_size, (B, n), generator=g).to(device)
-    ctx = precision_context("cuda" if device.startswith("cuda") else "cpu",   # the run's own device
-                            next(k for k, v in DTYPES.items() if v == dtype))
+    B, n = spec.get("train_batch", 1), p["seq"]
+    x, y = (torch.randint(0, cfg.vocab_size, (B, n), generator=g).to(device) for _ in range(2))
+    ctx = precision_context("cuda" if device.startswith("cuda") else "cpu", p["dtype"])   # the run's own device
 
     def step():
         with ctx:
@@ -277,22 +238,19 @@ def measure_training(model, cfg, p, device, dtype, g, batch, clean_memory):
     reset_peak(device)
     base = current_mb(device)
     dt = timed(step, device, p["train_reps"])
-    out["train_ms_iter"] = dt * 1000
-    out["train_tok_s"] = B * n / dt
-    if device.startswith("cuda") or clean_memory:  # a timing process's RSS on the CPU is not a clean measure
+    out = {"train_ms_iter": dt * 1000, "train_tok_s": B * n / dt}
+    if device.startswith("cuda") or spec.get("mem_env"):  # a timing process's RSS on the CPU is not a clean measure
         out["train_peak_mem_mb"] = peak_mb(device)
         out["train_iter_mem_mb"] = peak_mb(device) - base  # what the iteration itself added at its peak
-    out["train_flops"] = counted_train_flops(cfg, B, n)    # MFU: what really ran
-    out["train_flops_paper"] = train_flops(cfg, B, n)     # the paper's S(M+2K)C model, for comparison
-    out["train_achieved_tflops"] = out["train_flops"] / dt / 1e12
-    return out
+    flops = counted_train_flops(cfg, B, n)    # MFU: what really ran; beside it the paper's S(M+2K)C model
+    return {**out, "train_flops": flops, "train_flops_paper": train_flops(cfg, B, n),
+            "train_achieved_tflops": flops / dt / 1e12}
 
 
 def worker(phase, spec):
     """One phase for one model in this (fresh) process; returns a dict of measurements."""
-    device, preset = spec["device"], spec["preset"]
-    p = PRESETS[preset]
-    cfg = model_config(spec["model"], preset, **spec.get("override", {}))
+    device, p = spec["device"], PRESETS[spec["preset"]]
+    cfg = model_config(spec["model"], spec["preset"], **spec.get("override", {}))
     dtype = DTYPES[p["dtype"]]
     torch.manual_seed(0)
     model = build_model(cfg).to(device)
@@ -301,17 +259,9 @@ def worker(phase, spec):
         model = model.to(dtype).eval()
     g = torch.Generator().manual_seed(0)
     reset_peak(device)  # the peaks below are this model's, after the cast: not torch's import, nor fp32 weights
-    if phase == "profile":
-        out.update(profile_decoding(model, cfg, p, device, dtype, g, spec.get("compile"), spec.get("kv", "full"),
-                                    static=spec.get("static", False)))
-    elif phase == "infer":
-        out.update(measure_inference(model, cfg, p, device, dtype, g, spec.get("compile"), spec.get("kv", "full")))
-    elif phase == "mem":
-        out.update(measure_memory(model, cfg, p, device, dtype, g))
-    else:
-        out.update(measure_training(model, cfg, p, device, dtype, g, spec.get("train_batch", p["train_batch"]),
-                                    spec.get("mem_env")))
-    return out
+    measure = {"profile": profile_decoding, "infer": measure_inference, "mem": measure_memory,
+               "train": measure_training}[phase]
+    return {**out, **measure(model, cfg, p, device, dtype, g, spec)}
 
 
 def run_worker(phase, spec):
@@ -331,10 +281,6 @@ def default_preset(device):
     return "paper" if device.startswith("cuda") else "cpu"
 
 
-def fmt(v, spec=".1f"):
-    return "-" if v is None else format(v, spec)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
@@ -344,18 +290,17 @@ def main(argv=None):
     ap.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, ...")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--compile", action="store_true",
-                    help="torch.compile the forward for latency and generation (recompute and cached alike); "
-                         "training stays eager. Compiling takes about a minute per model on a 2-core CPU")
+                    help="torch.compile the forward for latency and generation (recompute and cached alike; training "
+                         "stays eager): about a minute per model on a 2-core CPU")
     ap.add_argument("--kv", choices=list(engine.KV_POLICIES), default="full",
                     help="KV cache policy of cached generation (engine.py): full is exact; last and fired share "
                          "slots and CHANGE the output (HRM; UniTF: last; Transformers always full)")
     ap.add_argument("--profile", action="store_true",
-                    help="instead of the table: where a cached token's time goes, per model (its time against the "
-                         "matvec floor, timed alternately; then torch.profiler's ops per token)")
+                    help="instead of the table, per model: a cached token's time against the matvec floor (timed "
+                         "alternately), then torch.profiler's ops per token")
     ap.add_argument("--static_cache", action="store_true",
-                    help="with --profile: decode against a fixed-shape cache (engine.StaticKVCache: positions on the "
-                         "device, no host sync), compiled with --compile in mode reduce-overhead: CUDA graphs on a "
-                         "GPU, plain compile on a CPU. The same tokens as the cache it replaces")
+                    help="with --profile: decode against a fixed-shape cache (engine.StaticKVCache, the same tokens), "
+                         "compiled by --compile in mode reduce-overhead: CUDA graphs on a GPU, plain compile on a CPU")
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_spec", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -370,10 +315,9 @@ def main(argv=None):
     args.preset = args.preset or default_preset(device)
     names = [n for m in args.models.split(",") if m.strip() for n in (BEYOND if m.strip() == "beyond" else [m.strip()])]
     unknown = [m for m in names if m not in ROWS]
-    if unknown:
-        fail(f"unknown model(s) {unknown}; choose from {', '.join(ROWS)} (or beyond)")
-    if not names:   # "--models=," or "--models=": nothing to measure is a mistake, not a success
-        fail(f"--models={args.models!r} names no model; choose from {', '.join(ROWS)} (or beyond)")
+    if unknown or not names:   # "--models=," or "--models=": nothing to measure is a mistake, not a success
+        fail((f"unknown model(s) {unknown}" if unknown else f"--models={args.models!r} names no model") +
+             f"; choose from {', '.join(ROWS)} (or beyond)")
     if args.json:
         try:
             check_output_path(args.json, "--json")
@@ -386,8 +330,7 @@ def main(argv=None):
     p = PRESETS[args.preset]
     if args.preset == "paper" and device == "cpu":
         print("note: --preset=paper is sized for a GPU; on this CPU it will take very long", file=sys.stderr)
-    dtype = DTYPES[p["dtype"]]
-    peak = measure_peak_tflops(device, dtype)
+    peak = measure_peak_tflops(device, DTYPES[p["dtype"]])
     dev_name = torch.cuda.get_device_name(device) if device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)"
     sheet = datasheet_tflops(device)
     print(f"# bench.py --preset={args.preset} on {dev_name}: d={p['d']}, seq={p['seq']}, vocab={p['vocab']}, "
@@ -395,35 +338,38 @@ def main(argv=None):
           (f"KV cache policy {args.kv} (Transformers: full), " if args.kv != "full" else "") +
           f"measured matmul peak {peak:.2f} TFLOP/s" + (f", datasheet bf16 {sheet:.0f} TFLOP/s" if sheet else ""),
           flush=True)
-    results = []
-    t_all = time.time()
-    for name in names if args.profile else ():
-        spec = {"model": name, "preset": args.preset, "device": device, "compile": args.compile, "kv": args.kv,
-                "static": args.static_cache}
-        results.append({"model": name, **run_worker("profile", spec)})
-        show_profile(name, results[-1])
-    for name in names if not args.profile else ():
+    results, t_all = [], time.time()
+    for name in names:
         t0 = time.time()
         spec = {"model": name, "preset": args.preset, "device": device}
+        if args.profile:   # instead of the table
+            results.append({"model": name, **run_worker("profile", {**spec, "compile": args.compile, "kv": args.kv,
+                                                                     "static": args.static_cache})})
+            show_profile(name, results[-1])
+            continue
         r = {"model": name, **run_worker("infer", {**spec, "compile": args.compile, "kv": args.kv})}
         r.update({k: v for k, v in run_worker("train", spec).items() if k != "params"})
         if not device.startswith("cuda"):  # memory from separate fresh processes (see run_worker)
             r["peak_mem_mb"] = run_worker("mem", {**spec, "mem_env": True})["peak_mem_mb"]
-            mem = run_worker("train", {**spec, "mem_env": True})
-            r["train_peak_mem_mb"], r["train_iter_mem_mb"] = mem["train_peak_mem_mb"], mem["train_iter_mem_mb"]
-        r["mfu"] = r["train_achieved_tflops"] / peak
-        r["mfu_paper_model"] = r["train_flops_paper"] / r["train_ms_iter"] * 1e3 / 1e12 / peak
-        r["mfu_datasheet"] = r["train_achieved_tflops"] / sheet if sheet else None
+            r.update({k: v for k, v in run_worker("train", {**spec, "mem_env": True}).items() if "_mem_mb" in k})
         cfg = model_config(name, args.preset)
-        r.update(d=cfg.n_embd, M=cfg.M if cfg.arch != "transformer" else cfg.n_layer, device=dev_name,
-                 preset=args.preset, dtype=p["dtype"], seq=p["seq"], compiled=args.compile)
+        r.update(mfu=r["train_achieved_tflops"] / peak,
+                 mfu_paper_model=r["train_flops_paper"] / r["train_ms_iter"] * 1e3 / 1e12 / peak,
+                 mfu_datasheet=r["train_achieved_tflops"] / sheet if sheet else None, d=cfg.n_embd,
+                 M=cfg.M if cfg.arch != "transformer" else cfg.n_layer, device=dev_name, preset=args.preset,
+                 dtype=p["dtype"], seq=p["seq"], compiled=args.compile)
         results.append(r)
         print(f"  {name}: {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
-    if args.profile:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
-        return
+    if not args.profile:
+        show_table(results, time.time() - t_all)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+        if not args.profile:
+            print(f"wrote {args.json}")
+
+
+def show_table(results, seconds):
     ref = next((r for r in results if r["model"] == "tf_l4"), None)
     cols = ["model", "params", "latency ms", "x T-L4", "peak MB", "gen tok/s (recompute)", "x T-L4",
             "gen tok/s (cached)", "cached/recompute", "bound", "KV cache MB", "train ms/iter", "train tok/s",
@@ -431,26 +377,21 @@ def main(argv=None):
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in results:
-        lat_x = r["latency_ms"] / ref["latency_ms"] if ref else None
-        gen_x = r["gen_tok_s_recompute"] / ref["gen_tok_s_recompute"] if ref else None
+        lat_x = f"{r['latency_ms'] / ref['latency_ms']:.2f}" if ref else "-"
+        gen_x = f"{r['gen_tok_s_recompute'] / ref['gen_tok_s_recompute']:.2f}" if ref else "-"
         mfu = f"{r['mfu']:.1%}" + (f" ({r['mfu_datasheet']:.1%} of datasheet)" if r["mfu_datasheet"] else "")
-        print(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['latency_ms']:.1f} | {fmt(lat_x, '.2f')} | "
-              f"{r['peak_mem_mb']:.0f} | {r['gen_tok_s_recompute']:.1f} | {fmt(gen_x, '.2f')} | "
+        print(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['latency_ms']:.1f} | {lat_x} | "
+              f"{r['peak_mem_mb']:.0f} | {r['gen_tok_s_recompute']:.1f} | {gen_x} | "
               f"{r['gen_tok_s_cached']:.1f} | {r['gen_speedup']:.1f}x | {r['gen_speedup_bound']:.1f}x | "
-              f"{r['kv_cache_mb']:.2f} | "
-              f"{r['train_ms_iter']:.1f} | {r['train_tok_s']:.0f} | {r['train_peak_mem_mb']:.0f} | "
-              f"{r['train_iter_mem_mb']:.1f} | {mfu} | {r['mfu_paper_model']:.1%} |")
-    print(f"\n{len(results)} models in {time.time() - t_all:.0f} s. On the CPU, peak MB is the peak resident memory of "
+              f"{r['kv_cache_mb']:.2f} | {r['train_ms_iter']:.1f} | {r['train_tok_s']:.0f} | "
+              f"{r['train_peak_mem_mb']:.0f} | {r['train_iter_mem_mb']:.1f} | {mfu} | {r['mfu_paper_model']:.1%} |")
+    print(f"\n{len(results)} models in {seconds:.0f} s. On the CPU, peak MB is the peak resident memory of "
           f"a fresh process (Python and torch included) and train iter MB what one training iteration adds at its "
           f"peak; KV cache for prompt {PROMPT} + {GEN} generated tokens. bound: what cached/recompute would be if "
           f"a cached token cost only its weight matrix-vector products (timed alone, in this run).")
     off = [r["model"] for r in results if abs(r["kv_cache_mb"] - r["kv_cache_formula_mb"]) > 1e-3 * r["kv_cache_mb"]]
-    print("KV cache sizes " + (f"DIFFER from docs/MODEL.md section 5's formula for {off}" if off else
-                               "equal docs/MODEL.md section 5's formula 2 * applications * n * d * bytes for every model"))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-        print(f"wrote {args.json}")
+    same = "equal docs/MODEL.md section 5's formula 2 * applications * n * d * bytes for every model"
+    print("KV cache sizes " + (f"DIFFER from docs/MODEL.md section 5's formula for {off}" if off else same))
 
 
 if __name__ == "__main__":

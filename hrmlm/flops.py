@@ -1,10 +1,8 @@
 """
 FLOPs of a training iteration and the device's peak, for MFU (train.py's progress line, bench.py).
-
-counted_train_flops runs the real model's forward and backward on the `meta` device under torch's own FLOP
-counter: nothing is allocated, a d=4096 model counts in seconds, and it counts what really runs (every
-matmul of the no-grad steps, the gates, the Slow module, the fusion, the tied head, attention as full n x n).
-train_flops is the paper's simpler model, S (M + 2K) C, kept beside it for comparison.
+counted_train_flops counts what really runs (every matmul of the no-grad steps, the gates, the Slow module, the
+fusion, the tied head, attention as full n x n) with torch's FLOP counter on the `meta` device: nothing is
+allocated, and a d=4096 model counts in seconds. train_flops is the paper's simpler model, kept for comparison.
 """
 
 import torch
@@ -21,9 +19,8 @@ DATASHEET_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "
 
 
 def counted_train_flops(cfg, batch, n):
-    """FLOPs of one training forward + backward of a (batch, n) micro-batch of build_model(cfg), counted by
-    torch.utils.flop_counter on the meta device. For the Transformer it equals 6 N + 12 L n d per token
-    (tests/test_bench.py)."""
+    """FLOPs of one training forward + backward of a (batch, n) micro-batch of build_model(cfg). For the
+    Transformer it equals 6 N + 12 L n d per token (tests/test_bench.py)."""
     from torch.utils.flop_counter import FlopCounterMode
     with torch.device("meta"):
         model = build_model(cfg)
@@ -34,18 +31,13 @@ def counted_train_flops(cfg, batch, n):
     return counter.get_total_flops()
 
 
-def block_flops(cfg, batch, n):
-    """C: forward FLOPs of one CausalAttnBlock application over the batch (matmuls + attention)."""
-    d = cfg.n_embd
-    return batch * n * (2 * 16 * d * d + 4 * n * d)
-
-
 def train_flops(cfg, batch, n):
-    """The paper's model, S (M + 2K) C (UniTF: S = 1), from M steps forward and K of them backward (2 C
-    each). The options of docs/MODEL.md section 8 add: a Fast step that skips attention costs B n 24 d^2 (no
-    W_qkv, W_o, scores); grad_ckpt runs every step with gradient once more; K_slow's firings outside the
-    window cost their backward (the paper's model leaves Slow firings out; so does this one otherwise)."""
-    C = block_flops(cfg, batch, n)
+    """The paper's model, S (M + 2K) C (UniTF: S = 1), from M steps forward and K of them backward (2 C each), where
+    C = B n (32 d^2 + 4 n d) is one block's forward (matmuls + attention). The options of docs/MODEL.md section 8
+    add: a Fast step that skips attention costs B n 24 d^2 (no W_qkv, W_o, scores); grad_ckpt runs every step with
+    gradient once more; K_slow's firings outside the window cost their backward (the paper's model leaves Slow
+    firings out; so does this one otherwise)."""
+    C = batch * n * (32 * cfg.n_embd ** 2 + 4 * n * cfg.n_embd)
     if cfg.arch == "transformer":
         return 3 * cfg.n_layer * C
     M, K = cfg.M, min(cfg.K, cfg.M)
@@ -59,25 +51,21 @@ def train_flops(cfg, batch, n):
     return cfg.S * (total + back * extra_firings * C)
 
 
-def measure_peak_tflops(device, dtype, n=None):
+def measure_peak_tflops(device, dtype):
     """The machine's matmul peak, measured now: the median of several n x n matmuls, at the best n. A GPU peaks
     on large ones (8192); a CPU core on ones that fit its cache (256 ran 2x faster than 1024 here), so on a CPU
     the best of 256, 512 and 1024 is the peak: against the largest alone, a small model's MFU exceeded 100%."""
-    sizes = [n] if n else [8192] if device.startswith("cuda") else [256, 512, 1024]
-    best = 0.0
-    for n in sizes:
-        a = torch.randn(n, n, device=device, dtype=dtype)
-        b = torch.randn(n, n, device=device, dtype=dtype)
-        dt = timed(lambda: a @ b, device, 10 if device.startswith("cuda") else 5)
-        best = max(best, 2 * n ** 3 / dt / 1e12)
-    return best
+    cuda = device.startswith("cuda")
+
+    def tflops(n):
+        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+        return 2 * n ** 3 / timed(lambda: a @ b, device, 10 if cuda else 5) / 1e12
+    return max(map(tflops, [8192] if cuda else [256, 512, 1024]))
 
 
 def datasheet_tflops(device):
     """The datasheet bf16 (= fp16) dense peak of a known GPU, else None."""
-    if not device.startswith("cuda"):
-        return None
-    name = torch.cuda.get_device_name(device)
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else ""
     return next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in name), None)
 
 
