@@ -8,9 +8,8 @@ without allocating it, before anyone spends GPU hours (docs/MEMORY.md):
 Each config at its own sizes (train.py's defaults plus the file), on the paper's 6 GPUs unless --world_size
 says otherwise, under DDP and FSDP, per GPU: the state (float32 weights, gradients and AdamW's two moments,
 16 bytes a parameter; FSDP: its shards plus what it gathers), the activations autograd saves, of which logits,
-autocast's bf16 weight copies, the iteration's peak beyond the state, the total against --gpu_mem_gb, and what
-each rank holds on the host; then the largest micro-batch that fits, with a command line that keeps the global
-batch.
+autocast's bf16 weight copies, the iteration's peak beyond the state, the total against --gpu_mem_gb, what each
+rank holds on the host; and the largest micro-batch that fits, with a command line that keeps the global batch.
 
 How it counts: the real model runs forward and backward on the `meta` device (shapes and dtypes, no memory).
 A saved-tensor hook records what autograd saves (unique storages, the weights' own excluded); a dispatch mode
