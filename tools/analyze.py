@@ -6,10 +6,10 @@ The paper's HLRole analyses on a trained HRM checkpoint and real validation text
 (A) Slow-module ablation (Table "HLRole(A)"): val CE normally, and with the Slow module frozen at
     z_H0 for the whole forward (H_net's update replaced by the identity), and the difference.
 (B, C) Step statistics for the first supervision pass (Table "HLRole(B-C)"): whether H fired, the mean
-    Fast gate g, ||z_L||, ||z_H|| before and after the step, cos(z_H, z_L) after it; norms and cosines
-    are per token vector, averaged over tokens. Plus the mean output-fusion weights (w_H, w_L, w_I).
-Steps are numbered i = 1..M as in model.py (H fires when i % T == 0); the paper's table counts from 0.
-The statistics also say how far z_H moved from its prototype z_H0: ||z_H - z_H0|| / ||z_H0||.
+    Fast gate g, ||z_L||, ||z_H|| before and after the step, cos(z_H, z_L) after it, and how far z_H moved
+    from its prototype, ||z_H - z_H0|| / ||z_H0||; per token vector, averaged over tokens. Plus the mean
+    output-fusion weights (w_H, w_L, w_I). Steps are i = 1..M as in model.py (H fires when i % T == 0); the
+    paper's table counts from 0.
 (Alive) Is the recurrence working? The learned injection scales alpha_L, alpha_H and the val CE cost of switching
     the shared blocks off (alpha = 0, gates kept: each update keeps only g * z), the Fast block, the Slow block
     and both. alpha near 0 and a cost near 0: the model computes with its input block and fusion alone.
@@ -27,8 +27,9 @@ import json
 import os
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root: model.py, hrmlm/
 if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on, torch's import included
@@ -58,41 +59,35 @@ def load(out_dir, ckpt, device, archs=("hrm",), need="the HLRole analyses need a
     return model.to(device).eval(), ck
 
 
-def at_depth(model, **steps):
-    """The same weights in a model with other step counts (N, T for HRM; M for UniTF): nothing the state
-    dict holds depends on them, so the weights load as they are."""
-    cfg = replace(model.config, **steps, **({"M": None} if model.config.arch == "hrm" else {}))
-    other = build_model(cfg).to(next(model.parameters()).device).eval()
-    other.load_state_dict(model.state_dict())
-    return other
-
-
 def depth_table(model, batches, device, factors):
-    """Val CE at each multiple of the trained depth: rows (what changed, N, T, M, CE)."""
-    c, rows = model.config, []
-    if c.arch == "hrm":
-        variants = [("N", {"N": max(1, round(c.N * f))}) for f in factors] + \
-                   [("T", {"T": max(1, round(c.T * f))}) for f in factors if f != 1]
-    else:
-        variants = [("M", {"M": max(1, round(c.M * f))}) for f in factors]
-    for what, steps in variants:
-        m = at_depth(model, **steps)
-        rows.append({"varied": what, "N": m.config.N if c.arch == "hrm" else None,
-                     "T": m.config.T if c.arch == "hrm" else None, "M": m.config.M,
-                     "depth": m.config.M / c.M, "ce": val_ce(m, batches, device)})
+    """Val CE at each multiple of the trained depth: rows (what changed, N, T, M, CE). The same weights load into a
+    model with other step counts (N, T for HRM; M for UniTF): nothing the state dict holds depends on them."""
+    c, rows, hrm = model.config, [], model.config.arch == "hrm"
+    variants = [(k, f) for k in ("N", "T") for f in factors if k == "N" or f != 1] if hrm else \
+        [("M", f) for f in factors]
+    for what, f in variants:
+        cfg = replace(c, **{what: max(1, round(getattr(c, what) * f))}, **({"M": None} if hrm else {}))
+        m = build_model(cfg).to(next(model.parameters()).device).eval()
+        m.load_state_dict(model.state_dict())
+        rows.append({"varied": what, "N": m.config.N if hrm else None, "T": m.config.T if hrm else None,
+                     "M": m.config.M, "depth": m.config.M / c.M, "ce": val_ce(m, batches, device)})
     return rows
 
 
 @torch.no_grad()
-def decode_ce(model, batches, device, kv):
-    """Val CE of token-by-token decoding under cache policy kv: each position's logits from a one-token step
-    against the cache (engine.py), as a sampler would compute them. Under kv="full" it equals val_ce."""
+def val_ce(model, batches, device, kv=None):
+    """Val CE; under a cache policy kv, of token-by-token decoding: each position's logits from a one-token step
+    against the cache (engine.py), as a sampler would compute them (under kv="full" the full forward's)."""
     losses = []
     for x, y in batches:
         x = x.to(device)
-        logits = engine.token_by_token(model, x, engine.new_cache(model, x.size(0), max_len=x.size(1), kv=kv))
+        logits = model(x)[0] if kv is None else \
+            engine.token_by_token(model, x, engine.new_cache(model, x.size(0), max_len=x.size(1), kv=kv))
         losses.append(model.cross_entropy(logits, y.to(device)).item())
     return float(np.mean(losses))
+
+
+decode_ce = val_ce   # decoding's val CE, with a kv (experiments/alive.py)
 
 
 def kv_table(model, batches, device, policies, n_greedy=200, prompt=16):
@@ -100,16 +95,18 @@ def kv_table(model, batches, device, policies, n_greedy=200, prompt=16):
     n_greedy greedy tokens after each batch's first sequence's first `prompt` tokens that equal exact
     decoding's, position by position), the cache bytes per token, and cached greedy tok/s (batch 1)."""
     prompts = [x[:1, :prompt].to(device) for x, _ in batches]
-    with torch.no_grad():
-        exact = [engine.generate(model, p, n_greedy, temperature=0)[0, prompt:] for p in prompts]
-    rows = []
+
+    @torch.no_grad()
+    def greedy(kv):
+        return [engine.generate(model, p, n_greedy, temperature=0, kv=kv)[0, prompt:] for p in prompts]
+
+    exact, rows = greedy("full"), []
     for kv in policies:
         t0 = time.perf_counter()
-        with torch.no_grad():
-            greedy = [engine.generate(model, p, n_greedy, temperature=0, kv=kv)[0, prompt:] for p in prompts]
+        tokens = greedy(kv)
         tok_s = n_greedy * len(prompts) / (time.perf_counter() - t0)
-        rows.append({"kv": kv, "ce": decode_ce(model, batches, device, kv),
-                     "greedy_agree": float(np.mean([(a == b).float().mean().item() for a, b in zip(greedy, exact)])),
+        rows.append({"kv": kv, "ce": val_ce(model, batches, device, kv),
+                     "greedy_agree": float(np.mean([(a == b).float().mean().item() for a, b in zip(tokens, exact)])),
                      "kv_bytes_per_token": engine.kv_cache_bytes(model, 1, dtype=next(model.parameters()).dtype, kv=kv),
                      "cached_tok_s": tok_s})
     return rows
@@ -124,44 +121,34 @@ def val_batches(ck, data_dir, n_batches, batch_size, block_size):
         fail(f"{e} (or pass --data_dir)")
     path = os.path.join(data_dir, dataset, "val.bin")
     data = np.memmap(path, dtype=np.uint16, mode="r")
-    n = n_batches * batch_size
     if len(data) <= block_size + 1:
         fail(f"{path} holds {len(data)} tokens, fewer than block_size {block_size}")
-    starts = np.linspace(0, len(data) - block_size - 1, n).astype(np.int64)  # evenly spread, deterministic
-    x = torch.from_numpy(np.stack([data[s:s + block_size] for s in starts]).astype(np.int64))
-    y = torch.from_numpy(np.stack([data[s + 1:s + 1 + block_size] for s in starts]).astype(np.int64))
-    return list(zip(x.split(batch_size), y.split(batch_size)))
+    starts = np.linspace(0, len(data) - block_size - 1, n_batches * batch_size).astype(np.int64)   # evenly spread
+    w = torch.from_numpy(np.stack([data[s:s + block_size + 1] for s in starts]).astype(np.int64))
+    return list(zip(w[:, :-1].split(batch_size), w[:, 1:].split(batch_size)))
 
 
 @contextmanager
 def slow_module_frozen(model):
-    """z_H keeps its initial value z_H0 for the whole forward: H_net's update becomes the identity."""
-    if model.H_net is None:   # the fast_only control: z_H is z_H0 already
+    """z_H keeps its initial value z_H0 for the whole forward: H_net's update becomes the identity (fast_only has
+    no H_net: z_H is z_H0 already)."""
+    with nullcontext() if model.H_net is None else mock.patch.object(model.H_net, "forward", lambda z_H, *_: z_H):
         yield
-        return
-    real = model.H_net.forward
-    model.H_net.forward = lambda z_H, z_L, *rest: z_H
-    try:
-        yield
-    finally:
-        model.H_net.forward = real
 
 
 @contextmanager
 def blocks_off(model, modules=("L_net", "H_net")):
     """The shared blocks of the named modules switched off: alpha = 0 in Eq. lgate, so z <- g * z (the gate runs,
     the block's output is multiplied away). Restores each alpha after."""
-    mods = [getattr(model, n) for n in modules if getattr(model, n) is not None]
-    kept = [m.alpha.detach().clone() for m in mods]
+    alphas = [getattr(model, n).alpha.detach() for n in modules if getattr(model, n) is not None]
+    kept = [a.clone() for a in alphas]
     try:
-        with torch.no_grad():
-            for m in mods:
-                m.alpha.zero_()
+        for a in alphas:
+            a.zero_()
         yield
     finally:
-        with torch.no_grad():
-            for m, a in zip(mods, kept):
-                m.alpha.copy_(a)
+        for a, k in zip(alphas, kept):
+            a.copy_(k)
 
 
 def alive(model, batches, device, ce):
@@ -174,27 +161,11 @@ def alive(model, batches, device, ce):
     return r
 
 
-def alive_text(r):
-    f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
-    return (f"alpha_L {f(r['alpha_L'], '.3f')}, alpha_H {f(r['alpha_H'], '.3f')}; val CE with the Fast block off "
-            f"{f(r['off_L'], '+.4f')}, the Slow block off {f(r['off_H'], '+.4f')}, both off {f(r['off_both'], '+.4f')}")
-
-
-@torch.no_grad()
-def val_ce(model, batches, device):
-    losses = []
-    for x, y in batches:
-        logits, _ = model(x.to(device))
-        losses.append(model.cross_entropy(logits, y.to(device)).item())
-    return float(np.mean(losses))
-
-
 @contextmanager
 def record_steps(model):
-    """Every step of every pass, in order, as [i, fired, z_L, z_H_before, z_H_after], read from forward
-    hooks on L_net and H_net: the model carries no analysis code. L_net's call of step i is
-    L_net(z_L, z_H, x~, ...), so its second input is z_H before the step; H_net's output, when it fires
-    right after, is z_H after it."""
+    """Every step of every pass, in order, as [i, fired, z_L, z_H_before, z_H_after], from forward hooks (the model
+    carries no analysis code): L_net(z_L, z_H, x~, ...) of step i has z_H before the step as its second input;
+    H_net's output, when it fires right after, is z_H after it."""
     steps, M = [], model.config.M
 
     def on_fast(module, args, z_L):
@@ -216,30 +187,28 @@ def record_steps(model):
 @torch.no_grad()
 def step_stats(model, batches, device):
     """Per-step statistics of the first pass, averaged over the batches; and the mean fusion weights."""
-    M, T = model.config.M, model.config.T
+    M, T, z_H0 = model.config.M, model.config.T, model.z_H0.float()
     keys = ("gate", "z_L_norm", "z_H_norm_before", "z_H_norm_after", "cos_zH_zL", "z_H_drift")
-    z_H0 = model.z_H0.float()
-    acc = {k: np.zeros(M) for k in keys}
+    norm = lambda z: z.float().norm(dim=-1).mean().item()  # noqa: E731   per token vector, averaged over tokens
+    acc = np.zeros((M, len(keys)))
     gates, fusion_w = [], []   # this batch's L_net gate means; the fusion weights
-    hooks = [model.L_net.gate.register_forward_hook(lambda m, i, out: gates.append(torch.sigmoid(out.float()).mean().item())),
-             model.fusion.register_forward_hook(lambda m, i, out: fusion_w.append(out[1].float().mean(dim=(0, 1)).tolist()))]
+    hooks = [model.L_net.gate.register_forward_hook(
+                 lambda m, i, out: gates.append(torch.sigmoid(out.float()).mean().item())),
+             model.fusion.register_forward_hook(
+                 lambda m, i, out: fusion_w.append(out[1].float().mean(dim=(0, 1)).tolist()))]
     try:
         for x, _ in batches:
             gates.clear()
             with record_steps(model) as steps:
                 model(x.to(device))
-            first = np.array([(z_L.float().norm(dim=-1).mean().item(), zb.float().norm(dim=-1).mean().item(),
-                               za.float().norm(dim=-1).mean().item(),
-                               F.cosine_similarity(za.float(), z_L.float(), dim=-1).mean().item(),
-                               ((za.float() - z_H0).norm(dim=-1) / z_H0.norm()).mean().item())   # from z_H0
-                              for _, _, z_L, zb, za in steps[:M]])   # steps of pass 1
-            acc["gate"] += np.array(gates[:M])
-            for j, k in enumerate(keys[1:]):
-                acc[k] += first[:, j]
+            for i, (g, (_, _, z_L, zb, za)) in enumerate(zip(gates, steps[:M])):   # pass 1
+                z_L, za = z_L.float(), za.float()
+                acc[i] += (g, norm(z_L), norm(zb), norm(za), F.cosine_similarity(za, z_L, dim=-1).mean().item(),
+                           ((za - z_H0).norm(dim=-1) / z_H0.norm()).mean().item())
     finally:
         for h in hooks:
             h.remove()
-    rows = [dict(step=i, h_fired=i % T == 0, **{k: float(acc[k][i - 1] / len(batches)) for k in keys})
+    rows = [dict(step=i, h_fired=i % T == 0, **{k: float(acc[i - 1, j] / len(batches)) for j, k in enumerate(keys)})
             for i in range(1, M + 1)]
     w = np.mean(fusion_w, axis=0).tolist()
     return rows, {"w_H": w[0], "w_L": w[1], "w_I": w[2]}
@@ -285,67 +254,66 @@ def main(argv=None):
         if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             fail(f"--json {args.json!r} cannot be written: " + ("it is a folder" if os.path.isdir(args.json) else
                  f"the folder {os.path.dirname(args.json)!r} does not exist or is not writable"))
-    if policies or factors:   # the row analyses of a recurrence: a table, and the rows as --json
-        model, ck = load(args.out_dir, args.ckpt, args.device, ("hrm", "unitf"),
-                         "cache policies are a recurrence's" if policies else
-                         "depth at inference needs a recurrent model, HRM or UniTF")
-        for kv in policies or []:
-            try:
-                engine.cache_slots(model, kv)
-            except ValueError as e:
-                fail(str(e))
-        batches = val_batches(ck, args.data_dir, args.batches, args.batch_size, model.config.block_size)
-        name, n_seq = os.path.basename(os.path.normpath(args.out_dir)), args.batches * args.batch_size
-        if policies:
-            rows = kv_table(model, batches, args.device, policies)
-            print(f"## KV cache policies: {name} ({model.config.arch}, iter {ck['iter_num']}), {n_seq} validation "
-                  f"sequences\n")
-            print("| kv | decoding val CE | greedy agreement | KV bytes/token | cached tok/s |\n|---|---|---|---|---|")
-            for r in rows:
-                print(f"| {r['kv']} | {r['ce']:.4f} | {r['greedy_agree']:.3f} | {r['kv_bytes_per_token']} | "
-                      f"{r['cached_tok_s']:.0f} |")
-        else:
-            rows = depth_table(model, batches, args.device, factors)
-            print(f"## Depth at inference: {name} ({model.config.arch}, trained at M={model.config.M}), {n_seq} "
-                  f"validation sequences\n")
-            print("| varied | N | T | M | depth / trained | val CE |\n|---|---|---|---|---|---|")
-            for r in rows:
-                print(f"| {r['varied']} | {r['N'] or '-'} | {r['T'] or '-'} | {r['M']} | {r['depth']:.2f} | "
-                      f"{r['ce']:.4f} |")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"model_args": ck["model_args"], "iter": ck["iter_num"], "rows": rows}, f, indent=1)
-            print(f"wrote {args.json}")
-        return rows
-    model, ck = load(args.out_dir, args.ckpt, args.device)
-    c = model.config
+    table = policies or factors   # the row analyses of a recurrence: a table, and the rows as --json
+    if table:
+        model, ck = load(args.out_dir, args.ckpt, args.device, ("hrm", "unitf"), "cache policies are a recurrence's"
+                         if policies else "depth at inference needs a recurrent model, HRM or UniTF")
+    else:
+        model, ck = load(args.out_dir, args.ckpt, args.device)
+    for kv in policies or []:
+        try:
+            engine.cache_slots(model, kv)
+        except ValueError as e:
+            fail(str(e))
+    c, name, n_seq = model.config, os.path.basename(os.path.normpath(args.out_dir)), args.batches * args.batch_size
     batches = val_batches(ck, args.data_dir, args.batches, args.batch_size, c.block_size)
-    ce = val_ce(model, batches, args.device)
-    with slow_module_frozen(model):
-        ce_frozen = val_ce(model, batches, args.device)
-    rows, fusion = step_stats(model, batches, args.device)
-    live = alive(model, batches, args.device, ce)
-
-    name = f"HRM N={c.N}, T={c.T}, K={c.K}, S={c.S}, d={c.n_embd} ({os.path.basename(os.path.normpath(args.out_dir))})"
-    n_tok = args.batches * args.batch_size * c.block_size
-    print(f"## HLRole(A): Slow-module ablation, {args.batches * args.batch_size} validation sequences of "
-          f"{c.block_size} tokens ({n_tok} tokens)\n")
-    print("| model | CE (normal) | CE (H frozen) | ΔCE |\n|---|---|---|---|")
-    print(f"| {name} | {ce:.3f} | {ce_frozen:.3f} | {ce_frozen - ce:+.3f} |\n")
-    print(f"## Is the recurrence alive? (shared block off: its alpha = 0, the gates kept)\n\n{alive_text(live)}\n")
-    print(f"## HLRole(B-C): step statistics, first pass (i = 1..{c.M}; H fires when i % {c.T} == 0)\n")
-    print("| step | H? | gate | ‖z_L‖ | ‖z_H‖ before | ‖z_H‖ after | cos(z_H, z_L) | ‖z_H - z_H0‖/‖z_H0‖ |\n"
-          "|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['step']} | {'✓' if r['h_fired'] else ''} | {r['gate']:.3f} | {r['z_L_norm']:.2f} | "
-              f"{r['z_H_norm_before']:.2f} | {r['z_H_norm_after']:.2f} | {r['cos_zH_zL']:.3f} | {r['z_H_drift']:.3f} |")
-    print(f"\nmean output-fusion weights: w_H {fusion['w_H']:.3f}, w_L {fusion['w_L']:.3f}, w_I {fusion['w_I']:.3f}")
+    if policies:
+        rows = kv_table(model, batches, args.device, policies)
+        print(f"## KV cache policies: {name} ({c.arch}, iter {ck['iter_num']}), {n_seq} validation sequences\n")
+        print("| kv | decoding val CE | greedy agreement | KV bytes/token | cached tok/s |\n|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['kv']} | {r['ce']:.4f} | {r['greedy_agree']:.3f} | {r['kv_bytes_per_token']} | "
+                  f"{r['cached_tok_s']:.0f} |")
+    elif factors:
+        rows = depth_table(model, batches, args.device, factors)
+        print(f"## Depth at inference: {name} ({c.arch}, trained at M={c.M}), {n_seq} validation sequences\n")
+        print("| varied | N | T | M | depth / trained | val CE |\n|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['varied']} | {r['N'] or '-'} | {r['T'] or '-'} | {r['M']} | {r['depth']:.2f} | "
+                  f"{r['ce']:.4f} |")
+    else:
+        ce = val_ce(model, batches, args.device)
+        with slow_module_frozen(model):
+            ce_frozen = val_ce(model, batches, args.device)
+        rows, fusion = step_stats(model, batches, args.device)
+        live = alive(model, batches, args.device, ce)
+        name, n_tok = f"HRM N={c.N}, T={c.T}, K={c.K}, S={c.S}, d={c.n_embd} ({name})", n_seq * c.block_size
+        print(f"## HLRole(A): Slow-module ablation, {n_seq} validation sequences of {c.block_size} tokens ({n_tok} "
+              f"tokens)\n")
+        print("| model | CE (normal) | CE (H frozen) | ΔCE |\n|---|---|---|---|")
+        print(f"| {name} | {ce:.3f} | {ce_frozen:.3f} | {ce_frozen - ce:+.3f} |\n")
+        opt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731   None: no Slow module
+        print(f"## Is the recurrence alive? (shared block off: its alpha = 0, the gates kept)\n\nalpha_L "
+              f"{opt(live['alpha_L'], '.3f')}, alpha_H {opt(live['alpha_H'], '.3f')}; val CE with the Fast block off "
+              f"{opt(live['off_L'], '+.4f')}, the Slow block off {opt(live['off_H'], '+.4f')}, both off "
+              f"{opt(live['off_both'], '+.4f')}\n")
+        print(f"## HLRole(B-C): step statistics, first pass (i = 1..{c.M}; H fires when i % {c.T} == 0)\n")
+        print("| step | H? | gate | ‖z_L‖ | ‖z_H‖ before | ‖z_H‖ after | cos(z_H, z_L) | ‖z_H - z_H0‖/‖z_H0‖ |\n"
+              "|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['step']} | {'✓' if r['h_fired'] else ''} | {r['gate']:.3f} | {r['z_L_norm']:.2f} | "
+                  f"{r['z_H_norm_before']:.2f} | {r['z_H_norm_after']:.2f} | {r['cos_zH_zL']:.3f} | "
+                  f"{r['z_H_drift']:.3f} |")
+        print(f"\nmean output-fusion weights: w_H {fusion['w_H']:.3f}, w_L {fusion['w_L']:.3f}, "
+              f"w_I {fusion['w_I']:.3f}")
     if args.json:
+        out = {"model_args": ck["model_args"], "iter": ck["iter_num"], "rows": rows} if table else \
+            {"model": name, "model_args": ck["model_args"], "iter": ck["iter_num"], "tokens": n_tok, "ce": ce,
+             "ce_h_frozen": ce_frozen, "delta_ce": ce_frozen - ce, "steps": rows, "fusion": fusion, "alive": live}
         with open(args.json, "w") as f:
-            json.dump({"model": name, "model_args": ck["model_args"], "iter": ck["iter_num"], "tokens": n_tok,
-                       "ce": ce, "ce_h_frozen": ce_frozen, "delta_ce": ce_frozen - ce, "steps": rows,
-                       "fusion": fusion, "alive": live}, f, indent=1)
+            json.dump(out, f, indent=1)
         print(f"wrote {args.json}")
+    return rows
 
 
 if __name__ == "__main__":

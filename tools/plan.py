@@ -1,40 +1,21 @@
 """
 Will it fit? The per-GPU memory of one training iteration of a train.py config, computed on any machine
-without allocating it, before anyone spends GPU hours:
+without allocating it, before anyone spends GPU hours (docs/MEMORY.md):
 
     python tools/plan.py config/equalparam_nt12.py config/tfbaseline_tf_l12.py --gpu_mem_gb=80
     python tools/plan.py config/equalparam_nt12.py --gpu_mem_gb=96 --world_size=8
 
-For each config, at its own sizes (train.py's defaults plus the file, as train.py reads them; the world size
-is the paper's 6 GPUs unless --world_size says otherwise), it prints per GPU:
-  params, grads, AdamW    float32 weights, gradients and the two AdamW moments: 4 + 4 + 8 bytes per parameter
-                          (DDP keeps the gradients in its buckets for the whole run); FSDP divides all three by
-                          the world size and adds what it gathers: the root, and HRM's and UniTF's shared blocks
-                          (kept for the whole forward) or two Transformer blocks, in bfloat16 (its
-                          MixedPrecisionPolicy: they stand in for autocast's weight copies)
-  activations             what autograd saves for backward at the end of the forward: counted, not estimated
-  logits                  of which the saved logits, log-softmax and loss tensors (the last dim is the vocabulary)
-  weight casts            the bfloat16 copies of the weights autocast keeps for the iteration
-  iteration peak          the most memory live at any moment of forward + backward beyond the persistent state
-                          (activations + the transient tensors of the step running + gradient buffers)
-  total                   persistent state + iteration peak; "fits" against --gpu_mem_gb minus --reserve_gb
-  host per rank           not GPU memory: what each background save of ckpt_last.dcp stages on the host (the
-                          rank's weights and AdamW moments, 12 bytes a parameter, 1/W under FSDP), and the largest
-                          weight, which the meta-device build draws on the CPU at start-up
-and the largest micro-batch that fits, with the command line that keeps the global batch.
+Each config at its own sizes (train.py's defaults plus the file), on the paper's 6 GPUs unless --world_size
+says otherwise, under DDP and FSDP, per GPU: the state (float32 weights, gradients and AdamW's two moments,
+16 bytes a parameter; FSDP: its shards plus what it gathers), the activations autograd saves, of which logits,
+autocast's bf16 weight copies, the iteration's peak beyond the state, the total against --gpu_mem_gb, what each
+rank holds on the host; and the largest micro-batch that fits, with a command line that keeps the global batch.
 
-How it counts: the real model runs its real forward and backward on the `meta` device (shapes and dtypes,
-no memory). A saved-tensor hook records every tensor autograd saves (unique storages, the weights'
-own excluded), and a dispatch mode follows every storage the iteration creates from its first op to the
-moment it is freed (a weak reference on the storage), which gives the live total at each op and its peak.
-Two things are what a GPU does and the CPU does not, and are applied to the meta run by hand:
-  - bf16 autocast: torch.autocast leaves meta tensors alone, so AutocastOnMeta applies CUDA autocast's
-    policy for the ops these models use (aten/src/ATen/autocast_mode.cpp): matmuls and attention in bf16,
-    rsqrt, pow, softmax, log-softmax, sums and the loss in fp32, the rest by type promotion, and the cast
-    of each weight cached for the iteration as autocast does.
-  - attention is the fused kernel (flash / memory-efficient): it saves q, k, v, its output and a float32
-    log-sum-exp per row, never the n x n matrix (FusedAttention).
-Not counted: the CUDA context and kernels' workspaces (--reserve_gb, 2 by default), allocator fragmentation,
+How it counts: the real model runs forward and backward on the `meta` device (shapes and dtypes, no memory).
+A saved-tensor hook records what autograd saves (unique storages, the weights' own excluded); a dispatch mode
+follows every storage the iteration creates until it is freed: the live total and its peak. What a GPU does and
+the CPU does not is applied by hand: CUDA autocast's bf16 policy (AutocastOnMeta) and the fused attention kernel
+(FusedAttention). Not counted: the CUDA context and kernels' workspaces (--reserve_gb), allocator fragmentation,
 torch.compile's buffers. tests/test_plan.py checks the method against one real float32 iteration on the CPU.
 """
 
@@ -79,27 +60,24 @@ def train_settings(argv):
     return config
 
 
-# --- what a GPU does that the meta device does not ---------------------------------------------------
-
 class FusedAttention(torch.autograd.Function):
-    """Causal attention as the fused GPU kernels keep it for backward: q, k, v, the output and one float32
-    log-sum-exp per query row (flash attention's saved set); no n x n matrix is ever saved."""
+    """Causal attention as the fused GPU kernels (flash, memory-efficient) keep it for backward: q, k, v, the
+    output and a float32 log-sum-exp per query row; never the n x n matrix the meta device's math kernel saves."""
 
     @staticmethod
     def forward(ctx, q, k, v):
         out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, out, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device))
         return out
 
     @staticmethod
     def backward(ctx, g):
-        q, k, v, out, lse = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        return tuple(torch.empty_like(t) for t in ctx.saved_tensors[:3])
 
 
 class AutocastOnMeta(TorchFunctionMode):
-    """CUDA autocast's bf16 policy for the ops model.py calls, on meta tensors (see the module docstring)."""
+    """CUDA autocast's policy (aten/src/ATen/autocast_mode.cpp) for the ops model.py calls, on meta tensors, which
+    torch.autocast leaves alone: matmuls and attention in bf16, these in float32, the rest by type promotion."""
     LOWER = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.bmm,
              torch.addmm, torch.baddbmm, F.scaled_dot_product_attention}
     FP32 = {torch.rsqrt, torch.Tensor.rsqrt, torch.pow, torch.Tensor.pow, torch.Tensor.__pow__, torch.softmax,
@@ -115,15 +93,14 @@ class AutocastOnMeta(TorchFunctionMode):
     def cast(self, t, dtype):
         if not (isinstance(t, torch.Tensor) and t.is_floating_point()) or t.dtype == dtype:
             return t
-        if t.is_leaf and t.requires_grad:
-            if id(t) not in self.cache:
-                with torch.enable_grad():   # as torch's autocast: a copy first made under no_grad still carries
-                    c = t.to(dtype)         # the gradient of the steps that reuse it (pytorch#158232)
-                c.weight_cast = True   # what count_iteration reports as weight casts when autograd saves it
-                self.cache[id(t)] = (t, c)
-                return c
-            return self.cache[id(t)][1]
-        return t.to(dtype)
+        if not (t.is_leaf and t.requires_grad):
+            return t.to(dtype)
+        if id(t) not in self.cache:
+            with torch.enable_grad():   # as torch's autocast: a copy first made under no_grad still carries
+                c = t.to(dtype)         # the gradient of the steps that reuse it (pytorch#158232)
+            c.weight_cast = True   # what count_iteration reports as weight casts when autograd saves it
+            self.cache[id(t)] = (t, c)
+        return self.cache[id(t)][1]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -138,17 +115,16 @@ class AutocastOnMeta(TorchFunctionMode):
 
 
 class LiveBytes(TorchDispatchMode):
-    """Every storage an op creates counts from its creation until it is freed: live bytes and their peak.
+    """Live bytes and their peak: every storage an op creates counts until it is freed (a weak reference).
     `before`: the storages that exist already (weights, gradients, inputs), which a view of them must not count."""
 
     def __init__(self, before=()):
         super().__init__()
         self.live = self.peak = 0
-        self.owned = set()
-        self.before = set(before)
+        self.seen = set(before)   # before's, and those counted and not yet freed
 
     def _free(self, key, nbytes):
-        self.owned.discard(key)
+        self.seen.discard(key)
         self.live -= nbytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -156,8 +132,8 @@ class LiveBytes(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 st = t.untyped_storage()
-                if st._cdata not in self.owned and st._cdata not in self.before:
-                    self.owned.add(st._cdata)
+                if st._cdata not in self.seen:
+                    self.seen.add(st._cdata)
                     self.live += st.nbytes()
                     self.peak = max(self.peak, self.live)
                     weakref.finalize(st, self._free, st._cdata, st.nbytes())
@@ -165,11 +141,9 @@ class LiveBytes(TorchDispatchMode):
 
 
 def count_iteration(cfg, batch, dtype=torch.bfloat16, grads_persistent=True, seq=None):
-    """One training iteration (forward, loss, backward) of build_model(cfg) at `batch` x `seq` tokens (block_size),
-    on the meta device. Returns bytes: saved activations, of which logits and weight casts, and the
-    iteration's peak beyond the persistent state. grads_persistent: the gradients exist before the
-    iteration (DDP's buckets, FSDP's sharded grads); else they are created in backward and count in the
-    peak."""
+    """Bytes of one iteration (forward, loss, backward) of build_model(cfg) on `batch` x `seq` (block_size) tokens:
+    saved activations, of which logits and weight casts, and the peak beyond the persistent state.
+    grads_persistent: the gradients exist before it (DDP's buckets, FSDP's shards), else they count in the peak."""
     with torch.device("meta"):
         model = build_model(cfg)
     model.train()
@@ -177,7 +151,7 @@ def count_iteration(cfg, batch, dtype=torch.bfloat16, grads_persistent=True, seq
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
     x = torch.zeros(batch, seq or cfg.block_size, dtype=torch.long, device="meta")
-    own = {t.untyped_storage()._cdata for t in list(model.parameters()) + list(model.buffers()) + [x] +
+    own = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers(), x] +
            [p.grad for p in model.parameters() if p.grad is not None]}
     saved = {}
 
@@ -195,20 +169,8 @@ def count_iteration(cfg, batch, dtype=torch.bfloat16, grads_persistent=True, seq
         acts = sum(n for n, _, cast in saved.values() if not cast)
         logits = sum(n for n, is_logits, _ in saved.values() if is_logits)
         cast_bytes = sum(n for n, _, cast in saved.values() if cast)
-        del saved, autocast
         loss.backward()
-        del loss
     return {"activations": acts, "logits": logits, "weight_casts": cast_bytes, "iteration_peak": live.peak}
-
-
-def gathered_params(model, arch):
-    """Parameters FSDP holds unsharded at once (train.py's sharding): the root (embedding, fusion, norms), and
-    HRM's and UniTF's shared blocks for the whole forward (they run M times), or two of a Transformer's blocks
-    (the one running and the next, prefetched). Also returns the largest unit, whose float32 gradient is
-    whole until it is reduce-scattered."""
-    units = [sum(p.numel() for p in u.parameters()) for u in shard_units(model)]
-    root = sum(p.numel() for p in model.parameters()) - sum(units)
-    return root + (2 * max(units) if arch == "transformer" else sum(units)), max(units + [root])
 
 
 def plan(settings, world_size, gpu_bytes, reserve_bytes, micro_batch=None, fsdp=False):
@@ -217,75 +179,70 @@ def plan(settings, world_size, gpu_bytes, reserve_bytes, micro_batch=None, fsdp=
     dtype = torch.float32 if settings["dtype"] == "float32" else torch.bfloat16   # "auto" is bf16 on CUDA
     with torch.device("meta"):
         model = build_model(cfg)
-    P = sum(p.numel() for p in model.parameters())
+    sizes = [p.numel() for p in model.parameters()]
+    P = sum(sizes)
     it = count_iteration(cfg, micro_batch or settings["batch_size"], dtype)
     state = 16 * P
-    if fsdp:   # sharded weights, grads and moments, plus what is gathered and one unit's whole grads; gathered in
-        held, unit = gathered_params(model, cfg.arch)   # bf16 (MixedPrecisionPolicy), the weights autocast would
-        low = dtype != torch.float32                     # have cast: they replace its copies in the peak
-        state = state / world_size + held * (2 if low else 4) + unit * 4
+    if fsdp:   # train.py's sharding: the state sharded, plus what is held unsharded at once: the root, and HRM's and
+        # UniTF's shared blocks (they run M times) or a Transformer's running block and the next, prefetched, in bf16
+        # (MixedPrecisionPolicy: these replace autocast's copies in the peak); and the largest unit's float32
+        # gradient, whole until it is reduce-scattered
+        units = [sum(p.numel() for p in u.parameters()) for u in shard_units(model)]
+        root = P - sum(units)
+        held = root + (2 * max(units) if cfg.arch == "transformer" else sum(units))
+        state = state / world_size + held * (4 if dtype == torch.float32 else 2) + max(units + [root]) * 4
         it["iteration_peak"] -= it["weight_casts"]
     total = state + it["iteration_peak"] + reserve_bytes
-    # the host, per rank: ckpt_last.dcp's background save stages the rank's weights and AdamW moments (12 bytes a
-    # parameter, its shards under FSDP); the meta-device build holds one weight, the largest, while it draws it
-    host = {"host_save": 12 * P / (world_size if fsdp else 1), "host_start": 4 * max(p.numel() for p in model.parameters())}
-    return {"params": P, "state": state, **it, "total": total, "fits": total <= gpu_bytes, **host}
-
-
-def micro_batches(settings, world_size):
-    """The micro-batches that keep the global batch: divisors of the sequences each GPU sees per iteration."""
-    per_gpu, rest = divmod(settings["batch_size"] * settings["gradient_accumulation_steps"], world_size)
-    if rest or not per_gpu:
-        raise ConfigError(f"batch_size x gradient_accumulation_steps = "
-                          f"{settings['batch_size'] * settings['gradient_accumulation_steps']} is not divisible by "
-                          f"world_size={world_size}")
-    return per_gpu, [b for b in range(per_gpu, 0, -1) if per_gpu % b == 0]
+    # the host, per rank: a background save of ckpt_last.dcp stages the weights and AdamW moments (12 bytes a
+    # parameter, its shards under FSDP); the meta-device build draws the largest weight on the CPU at start-up
+    return {"params": P, "state": state, **it, "total": total, "fits": total <= gpu_bytes,
+            "host_save": 12 * P / (world_size if fsdp else 1), "host_start": 4 * max(sizes)}
 
 
 def largest_fit(settings, world_size, gpu, reserve, fsdp, rows):
-    """The largest micro-batch that fits (keeping the global batch), or None; rows caches plan() by micro-batch."""
-    per_gpu, choices = micro_batches(settings, world_size)
-    for b in choices:
+    """The largest micro-batch that fits and keeps the global batch (a divisor of the sequences each GPU sees per
+    iteration), or None; and those sequences. rows caches plan() by (mode, micro-batch)."""
+    seqs = settings["batch_size"] * settings["gradient_accumulation_steps"]
+    per_gpu = seqs // world_size
+    if seqs % world_size or not per_gpu:
+        raise ConfigError(f"batch_size x gradient_accumulation_steps = {seqs} is not divisible by "
+                          f"world_size={world_size}")
+    for b in (b for b in range(per_gpu, 0, -1) if per_gpu % b == 0):
         key = ("fsdp" if fsdp else "ddp", b)
-        if key not in rows:
-            rows[key] = plan(settings, world_size, gpu, reserve, b, fsdp)
+        rows[key] = rows.get(key) or plan(settings, world_size, gpu, reserve, b, fsdp)
         if rows[key]["total"] <= gpu:
             return b, per_gpu
     return None, per_gpu
-
-
-def command(path, world_size, fsdp, best, b, per_gpu):
-    flags = (" --fsdp=True" if fsdp else "") + (
-        "" if best == b else f" --batch_size={best} --gradient_accumulation_steps={per_gpu // best * world_size}")
-    return f"torchrun --standalone --nproc_per_node={world_size} train.py {path}{flags}"
 
 
 def report(path, settings, world_size, gpu_gb, reserve_gb):
     gpu, reserve = gpu_gb * GB, reserve_gb * GB
     b = settings["batch_size"]
     rows = {(mode, b): plan(settings, world_size, gpu, reserve, b, mode == "fsdp") for mode in ("ddp", "fsdp")}
-    g = lambda v: f"{v / GB:7.1f}"  # noqa: E731
-    print(f"{path}: {settings['arch']} d={settings['n_embd']}, {rows['ddp', b]['params'] / 1e6:.0f}M params, "
-          f"micro-batch {b} x {settings['block_size']} tokens, {settings['dtype'] if settings['dtype'] != 'auto' else 'bfloat16'}, "
+    ddp, fsdp = rows["ddp", b], rows["fsdp", b]
+    print(f"{path}: {settings['arch']} d={settings['n_embd']}, {ddp['params'] / 1e6:.0f}M params, micro-batch {b} x "
+          f"{settings['block_size']} tokens, {'bfloat16' if settings['dtype'] == 'auto' else settings['dtype']}, "
           f"world size {world_size}, {gpu_gb:g} GB per GPU ({reserve_gb:g} reserved)")
     print(f"  {'':5} {'state':>7} {'activ.':>7} {'logits':>7} {'casts':>7} {'peak':>7} {'total':>7}  GB")
-    for mode in ("ddp", "fsdp"):
-        r = rows[mode, b]
-        print(f"  {mode:5} {g(r['state'])} {g(r['activations'])} {g(r['logits'])} {g(r['weight_casts'])} "
-              f"{g(r['iteration_peak'])} {g(r['total'])}  {'fits' if r['total'] <= gpu else 'DOES NOT FIT'}")
-    print(f"  host per rank: {rows['ddp', b]['host_save'] / GB:.1f} GB (ddp), {rows['fsdp', b]['host_save'] / GB:.1f} GB "
-          f"(fsdp) staged by each background save of ckpt_last.dcp; {rows['ddp', b]['host_start'] / GB:.1f} GB at "
-          f"start-up (the largest weight, drawn on the CPU)")
+    for mode, r in (("ddp", ddp), ("fsdp", fsdp)):
+        cols = ("state", "activations", "logits", "weight_casts", "iteration_peak", "total")
+        print(f"  {mode:5} " + " ".join(f"{r[c] / GB:7.1f}" for c in cols) +
+              f"  {'fits' if r['total'] <= gpu else 'DOES NOT FIT'}")
+    print(f"  host per rank: {ddp['host_save'] / GB:.1f} GB (ddp), {fsdp['host_save'] / GB:.1f} GB (fsdp) staged by "
+          f"each background save of ckpt_last.dcp; {ddp['host_start'] / GB:.1f} GB at start-up (the largest weight, "
+          f"drawn on the CPU)")
     print("  (state: weights, grads, AdamW; activ.: saved for backward, logits the part of it that is logits; casts: "
           "autocast's bf16 weight copies; peak: the most the iteration holds at once beyond state, activations "
           "included; total = state + peak + reserved)")
-    verdict = {}
     for mode in ("ddp", "fsdp"):
         best, per_gpu = largest_fit(settings, world_size, gpu, reserve, mode == "fsdp", rows)
-        verdict[mode] = best
-        print(f"  {mode}: " + ("no micro-batch fits" if best is None else f"largest micro-batch that fits: {best}   "
-                               + command(path, world_size, mode == "fsdp", best, b, per_gpu)))
-    return {"config": path, "rows": {f"{m}@{k}": v for (m, k), v in rows.items()}, "largest_micro_batch": verdict}
+        if best is None:
+            print(f"  {mode}: no micro-batch fits")
+            continue
+        flags = (" --fsdp=True" if mode == "fsdp" else "") + (
+            "" if best == b else f" --batch_size={best} --gradient_accumulation_steps={per_gpu // best * world_size}")
+        print(f"  {mode}: largest micro-batch that fits: {best}   "
+              f"torchrun --standalone --nproc_per_node={world_size} train.py {path}{flags}")
 
 
 def markdown(paths, world_size, gpu_gbs, reserve_gb):
@@ -295,17 +252,16 @@ def markdown(paths, world_size, gpu_gbs, reserve_gb):
     print("|---|---|---|---|" + "---|" * len(gpu_gbs))
     for path in paths:
         settings = train_settings([path])
-        b, rows = settings["batch_size"], {}
-        cells = []
+        b, rows, cells = settings["batch_size"], {}, []
         for gpu_gb in gpu_gbs:
             opts = []
             for fsdp in (False, True):
-                best, per_gpu = largest_fit(settings, world_size, gpu_gb * GB, reserve_gb * GB, fsdp, rows)
+                best, _ = largest_fit(settings, world_size, gpu_gb * GB, reserve_gb * GB, fsdp, rows)
                 if best is not None:
-                    opts.append(("FSDP " if fsdp else "DDP ") + ("" if best == b else f"micro-batch {best}"))
+                    opts.append(("FSDP" if fsdp else "DDP") + ("" if best == b else f" micro-batch {best}"))
                 if best == b:
                     break   # the plain run fits: nothing more to say
-            cells.append(" or ".join(o.strip() for o in opts) or "no fit")
+            cells.append(" or ".join(opts) or "no fit")
         ddp, fsdp = rows[("ddp", b)], rows.get(("fsdp", b)) or plan(settings, world_size, 0, reserve_gb * GB, b, True)
         print(f"| {os.path.basename(path)} | {ddp['params'] / 1e6:.0f}M | {ddp['total'] / GB:.1f} | "
               f"{fsdp['total'] / GB:.1f} | " + " | ".join(cells) + " |", flush=True)
@@ -325,20 +281,14 @@ def main(argv=None):
         fail(f"unexpected arguments {bad}")
     if args.world_size < 1 or not 0 < args.gpu_mem_gb < math.inf or not 0 <= args.reserve_gb < math.inf:
         fail("--world_size >= 1, --gpu_mem_gb > 0 and --reserve_gb >= 0, each finite")
-    if args.markdown:
-        try:
-            return markdown(args.configs, args.world_size, [float(g) for g in args.markdown.split(",")], args.reserve_gb)
-        except (ConfigError, ValueError) as e:
-            fail(str(e))
-    out = []
-    for path in args.configs:
-        try:
-            settings = train_settings([path] + overrides)
-            model_config(settings)
-            out.append(report(path, settings, args.world_size, args.gpu_mem_gb, args.reserve_gb))
-        except (ConfigError, ValueError) as e:
-            fail(str(e))
-    return out
+    try:   # a ConfigError is a ValueError
+        if args.markdown:
+            gpu_gbs = [float(g) for g in args.markdown.split(",")]
+            return markdown(args.configs, args.world_size, gpu_gbs, args.reserve_gb)
+        for path in args.configs:
+            report(path, train_settings([path] + overrides), args.world_size, args.gpu_mem_gb, args.reserve_gb)
+    except ValueError as e:
+        fail(str(e))
 
 
 if __name__ == "__main__":

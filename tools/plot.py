@@ -33,20 +33,6 @@ def load_log(out_dir):
     return rows
 
 
-def check_output(path):
-    """One line, before anything is drawn, if the chart cannot be written to `path`."""
-    try:
-        check_output_path(path, "--out")
-    except ValueError as e:
-        fail(str(e))
-    ext = os.path.splitext(path)[1].lower().lstrip(".")
-    from matplotlib.backend_bases import FigureCanvasBase
-    kinds = FigureCanvasBase.get_supported_filetypes()
-    if ext not in kinds:
-        fail(f"--out {path!r}: matplotlib cannot write {'.' + ext if ext else 'a file without an extension'}; "
-             f"use one of {', '.join('.' + k for k in sorted(kinds))}")
-
-
 def finite(v):
     """A number to plot: not None, a string, or the NaN/inf of a diverged run."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -74,16 +60,25 @@ def main(argv=None):
     ap.add_argument("--unigram", default=True, action=argparse.BooleanOptionalAction,
                     help="draw the unigram CE of each run's dataset: what token frequencies alone score")
     ap.add_argument("--labels", default=None, help="comma-separated legend labels (default: folder names)")
-    ap.add_argument("--metric", default="val_loss", choices=["val_loss", "train_loss"], help="which logged loss to draw")
+    ap.add_argument("--metric", default="val_loss", choices=["val_loss", "train_loss"],
+                    help="which logged loss to draw")
     args = ap.parse_args(argv)
     labels = args.labels.split(",") if args.labels else [os.path.basename(os.path.normpath(r)) for r in args.runs]
-    args.out = args.out or os.path.join(args.runs[0], "curves.png")   # beside the runs, not in the repository
+    out = args.out or os.path.join(args.runs[0], "curves.png")   # beside the runs, not in the repository
     if len(labels) != len(args.runs):
         fail(f"{len(labels)} labels for {len(args.runs)} runs")
-    check_output(args.out)   # before the work, not after it
-    logs = [load_log(r) for r in args.runs]
-    for run, log in zip(args.runs, logs):
-        if not any(finite(r.get(args.metric)) for r in log):
+    try:   # before the work, not after it
+        check_output_path(out, "--out")
+    except ValueError as e:
+        fail(str(e))
+    from matplotlib.backend_bases import FigureCanvasBase
+    kinds, ext = FigureCanvasBase.get_supported_filetypes(), os.path.splitext(out)[1].lower().lstrip(".")
+    if ext not in kinds:
+        fail(f"--out {out!r}: matplotlib cannot write {'.' + ext if ext else 'a file without an extension'}; "
+             f"use one of {', '.join('.' + k for k in sorted(kinds))}")
+    curves = [[(r["iter"], r[args.metric]) for r in load_log(run) if finite(r.get(args.metric))] for run in args.runs]
+    for run, points in zip(args.runs, curves):
+        if not points:
             fail(f"{os.path.join(run, LOG)} has no finite {args.metric} (a run that diverged from the start?); "
                  f"nothing to draw")
 
@@ -92,12 +87,11 @@ def main(argv=None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=150)
-    for label, log in zip(labels, logs):
-        x = [r["iter"] for r in log if finite(r.get(args.metric))]
-        y = [r[args.metric] for r in log if finite(r.get(args.metric))]
-        ax.plot(x, y, marker="o", markersize=2.5, linewidth=1.4, label=f"{label} ({y[-1]:.3f})" if y else label)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("validation CE" if args.metric == "val_loss" else "train CE")
+    for label, points in zip(labels, curves):
+        x, y = zip(*points)
+        ax.plot(x, y, marker="o", markersize=2.5, linewidth=1.4, label=f"{label} ({y[-1]:.3f})")
+    kind = "validation" if args.metric == "val_loss" else "train"
+    ax.set(xlabel="iteration", ylabel=f"{kind} CE")
     ax.grid(True, linestyle=":", color="0.8")
     unigrams = dict(u for u in map(unigram_of, args.runs if args.unigram else []) if u)   # one line per dataset
     for (name, uni), style in zip(unigrams.items(), (":", "-.", "--", (0, (1, 3)))):
@@ -107,12 +101,11 @@ def main(argv=None):
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2f"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.1f"))
     ax.grid(True, which="minor", linestyle=":", color="0.9")
-    title = args.title or (("validation" if args.metric == "val_loss" else "train") + " CE: " + ", ".join(labels))
-    ax.set_title(title, fontsize=9)
+    ax.set_title(args.title or f"{kind} CE: " + ", ".join(labels), fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out)
-    print(f"wrote {args.out}")
+    fig.savefig(out)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
