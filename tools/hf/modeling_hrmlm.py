@@ -1,12 +1,6 @@
-"""
-HRM-LM (and its baselines, the Transformer and UniTF) as a Hugging Face transformers model, loaded with
-`AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`. The network is the repository's model.py,
-copied beside this file, unchanged: this file only adapts its inputs and outputs to transformers.
-
-Decoding: `generate()` recomputes the whole context for every new token (use_cache is accepted and ignored).
-HRM's own KV cache keeps one slot per block application, which transformers' cache classes do not model; the
-repository's sample.py decodes with it (the same tokens, faster).
-"""
+"""HRM-LM, the Transformer and UniTF as a transformers model: the repository's model.py, copied beside this file
+unchanged, with transformers' inputs and outputs. generate() recomputes the whole context for every token: HRM's KV
+cache keeps one slot per block application, which transformers' caches do not model (sample.py decodes with it)."""
 
 import torch
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
@@ -41,14 +35,12 @@ class HRMLMForCausalLM(PreTrainedModel, GenerationMixin):
         self.post_init()
 
     def _init_weights(self, module):
-        """Nothing is drawn: every weight comes from model.safetensors. But transformers builds the model on the meta
-        device, and RoPE's tables, which model.py computes and never saves, are computed again here."""
+        """No weight is drawn (model.safetensors has them); RoPE's tables, never saved, are rebuilt off meta."""
         if hasattr(module, "rope_cos"):
             c = module.trained_config
             cos, sin_rot = rope_table(c.block_size, c.n_embd // c.n_head)
-            with torch.no_grad():
-                module.rope_cos = cos.to(module.wte.weight.device)
-                module.rope_sin_rot = sin_rot.to(module.wte.weight.device)
+            device = module.wte.weight.device
+            module.rope_cos, module.rope_sin_rot = cos.to(device), sin_rot.to(device)
 
     def get_input_embeddings(self):
         return self.model.wte
@@ -59,10 +51,8 @@ class HRMLMForCausalLM(PreTrainedModel, GenerationMixin):
         if input_ids.size(1) > self.model.config.block_size:   # RoPE tables end there, as in model.py
             raise ValueError(f"{input_ids.size(1)} tokens is more than block_size={self.model.config.block_size}")
         logits, _ = self.model(input_ids)
-        loss = None
-        if labels is not None:
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(),
-                                                     labels[:, 1:].reshape(-1), ignore_index=-100)
+        loss = None if labels is None else torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.size(-1)).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
         return CausalLMOutput(loss=loss, logits=logits)
 
     def prepare_inputs_for_generation(self, input_ids, **kwargs):
