@@ -1,18 +1,14 @@
 """
 What every script shares: its one way to stop on an error, the "auto" device and dtype settings, and timing.
-
-Every script stops on an error through fail(): one line, "<script>.py: error: <what is wrong and how to fix
-it>", and one of these exit statuses (docs/TRAINING.md, "Exit statuses"):
-
-    1        I/O: a write failed (a full disk); what is still intact is named
-    2        bad input: a setting, a file or a dataset no run can use; nothing was written
-    3        diverged: train.py saw max_nonfinite non-finite iterations in a row
-    128 + n  stopped by signal n (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); train.py saved first
+Every script stops on an error through fail(): one line, "<script>.py: error: <what is wrong and how to fix it>",
+and an exit status from the table in docs/TRAINING.md, "Exit statuses".
 """
 
 import argparse
 import os
+import statistics
 import sys
+import time
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -20,7 +16,7 @@ import torch
 from hrmlm.signals import SIGNALLED, STOP_SIGNALS  # noqa: F401  (the scripts import them from here too)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-IO_ERROR, BAD_INPUT, DIVERGED = 1, 2, 3   # exit statuses (the table above)
+IO_ERROR, BAD_INPUT, DIVERGED = 1, 2, 3   # a write failed; input no run can use; non-finite (128 + n: signal n)
 
 
 class Failure(SystemExit):
@@ -35,19 +31,16 @@ class Failure(SystemExit):
 
 
 def fail(msg, code=BAD_INPUT, prog=None, show=True, now=False):
-    """Stop with '<prog>: error: <msg>' (msg a list: one line each) and exit status `code` (the table above).
-    prog: the script being run (default: the calling file's name, train.py, plot.py, ...); show=False stops
-    without a line (a torchrun rank other than 0, which prints for all); now=True leaves at once (os._exit),
-    past anything that could block on a collective (a failed write: torchrun stops the other ranks).
-    Called from a module another program imported (a test, experiments/sweep.py), nothing is printed: the caller
-    gets a SystemExit whose str() is the line, to handle or let through (then Python prints it)."""
+    """Stop with '<prog>: error: <msg>' (msg a list: one line each) and exit status `code`. prog: default, the
+    calling file's name; show=False: no line (a torchrun rank but 0); now=True: os._exit, past anything that could
+    block on a collective. From a module another program imported (a test, experiments/sweep.py) nothing is
+    printed: a SystemExit whose str() is the line."""
     frame = sys._getframe(1)
     while frame.f_code.co_filename == __file__ and frame.f_back:   # a helper here stopping for its caller: the caller
         frame = frame.f_back
     prog = prog or os.path.basename(frame.f_code.co_filename)
     line = "\n".join(f"{prog}: error: {m}" for m in ([msg] if isinstance(msg, str) else msg))
-    main = os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "")
-    if main != prog:
+    if os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") != prog:
         raise SystemExit(line)
     if show:
         print(line, file=sys.stderr, flush=True)
@@ -82,8 +75,7 @@ def torch_line(device):
 
 
 def usable_device(device):
-    """auto_device then check_device: the device to run on, or stop with check_device's one line (exit status 2),
-    named for the script that asked (fail names the caller outside this module)."""
+    """auto_device then check_device, or stop with check_device's line (named for the caller, exit status 2)."""
     try:
         return check_device(auto_device(device))
     except ValueError as e:
@@ -91,8 +83,7 @@ def usable_device(device):
 
 
 def check_device(device):
-    """A device this machine has and these scripts run on (cpu, cuda, cuda:<index>; after auto_device), or a
-    ValueError with one line saying why not. Checked before anything is written or deleted."""
+    """A device these scripts run on and this machine has, or a ValueError with one line saying why not."""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
@@ -126,9 +117,8 @@ def auto_dtype(dtype, device_type):
 
 
 def precision_context(device_type, dtype):
-    """The forward's precision: nothing for float32, else autocast to dtype (a DTYPES name), a weight cast once per
-    forward (its cache), under DDP and FSDP alike (parallel.fully_shard_model). The cache is off only where this
-    torch's autocast would reuse a copy made under no_grad without its gradient."""
+    """The forward's precision: nothing for float32, else autocast to dtype with its weight cache (a weight cast
+    once per forward), off only where this torch would reuse a copy made under no_grad without its gradient."""
     if dtype == "float32":
         return nullcontext()
     cache = autocast_cache_keeps_grad(device_type, DTYPES[dtype])
@@ -158,8 +148,6 @@ def sync(device):
 
 def timed(fn, device, reps, warmup=None):
     """Median wall time of fn() over reps runs, after one warm-up run (of warmup, else fn)."""
-    import statistics
-    import time
     (warmup or fn)()
     times = []
     for _ in range(reps):
@@ -173,9 +161,8 @@ def timed(fn, device, reps, warmup=None):
 
 @contextmanager
 def atomic_write(path, mode="w"):
-    """The one way every file here is written whole or not at all: into a temporary beside path (path.tmp.<pid>),
-    flushed to disk, then os.replace'd onto path; on any error (a full disk, a signal) the temporary goes and the
-    old file stays as it was."""
+    """Every file here is written whole or not at all: into path.tmp.<pid>, fsynced, then os.replace'd onto path;
+    on any error (a full disk, a signal) the temporary goes and the old file stays."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, mode) as f:
@@ -190,7 +177,7 @@ def atomic_write(path, mode="w"):
 
 
 def one_line(e, limit=300):
-    """An exception as one line: its type, and its message with the lines joined (torch puts the tensor's
-    name on the second line of a load_state_dict error), cut at `limit` characters."""
+    """An exception as one line (torch puts a tensor's name on the second line of a load_state_dict error): its
+    type and its message, cut at `limit` characters."""
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"

@@ -1,9 +1,6 @@
 """
-Several processes (torchrun) for train.py: the process group, errors and signals every rank agrees on,
-DDP or FSDP2 around the model and its parameter names. checkpoint.py builds on it; it imports nothing of
-checkpoint.py (tests/test_docs.py checks that hrmlm's imports have no circle).
-
-One process is the case world_size = 1: every function here then does the obvious local thing.
+Several processes (torchrun) for train.py: the process group, errors and signals every rank agrees on, DDP or
+FSDP2 around the model. One process is the case world_size = 1, where each function does the obvious local thing.
 """
 
 import datetime
@@ -49,8 +46,8 @@ def init_process_group(device):
              "train.py", show=rank == 0)
     device = f"cuda:{local_rank if n > 1 else 0}"
     torch.cuda.set_device(device)
-    # device_id: NCCL binds the group to this GPU at once; the timeout covers a rank waiting while the master
-    # writes ckpt.pt of a 3.4B model (13.7 GB gathered and fsynced), past NCCL's default 10 minutes
+    # device_id binds NCCL to this GPU at once; 30 minutes: a rank waits while the master writes a 3.4B model's
+    # ckpt.pt (13.7 GB gathered and fsynced), past NCCL's default 10
     dist.init_process_group(backend="nccl", device_id=torch.device(device), timeout=datetime.timedelta(minutes=30))
     return Ranks(True, rank, local_rank, world_size, device)
 
@@ -61,19 +58,15 @@ def end_process_group(ranks):
 
 
 def stop_on_errors(errors, ranks, prog="train.py"):
-    """All ranks learn whether any rank found an error and stop together through common.fail, exit status 2
-    (a rank that exited alone would be killed by torchrun mid-print). Rank 0 prints each distinct error once,
-    one line each, so a bad setting that every rank finds is one line; an error only some ranks found names them."""
+    """All ranks stop together (exit status 2) if any found an error: a rank that exited alone would be killed by
+    torchrun mid-print. Rank 0 prints each distinct error once; one only some ranks found names them."""
     everyone = [errors]
     if ranks.ddp:
         everyone = [None] * ranks.world_size
         dist.all_gather_object(everyone, errors)
     if not any(everyone):
         return
-    found = {}   # message -> the ranks that found it, in the order of first appearance
-    for r, errs in enumerate(everyone):
-        for msg in errs:
-            found.setdefault(msg, []).append(r)
+    found = {msg: [r for r, errs in enumerate(everyone) if msg in errs] for errs in everyone for msg in errs}
     lines = [msg + ("" if len(where) == ranks.world_size else f" (rank {', '.join(map(str, where))})")
              for msg, where in found.items()]
     if ranks.ddp:
@@ -83,12 +76,9 @@ def stop_on_errors(errors, ranks, prog="train.py"):
 
 
 def micro_batches(accum, batch, world_size, saved=None):
-    """The (gradient_accumulation_steps, batch_size, note) a run uses on world_size ranks; ValueError if none.
-    accum counts global micro-batches, so each rank runs accum / world_size of them. A new run whose accum is
-    not a multiple of the world size splits each micro-batch so every rank gets whole ones (the same global
-    batch). A resumed run must see the same tokens at every iteration as the run it continues, and micro-batch
-    j of iteration i is drawn from its own generator: it keeps the micro-batches it was saved with (`saved`,
-    when the global batch is the same) and refuses a world size that would have to split them."""
+    """(gradient_accumulation_steps, batch_size, note) on world_size ranks, or ValueError. accum counts global
+    micro-batches; a new run splits them so each rank gets whole ones. A resumed run keeps its saved ones (`saved`):
+    micro-batch j of iteration i is drawn from its own generator, so it refuses a world size that would split them."""
     note = None
     if saved and saved != (accum, batch) and saved[0] * saved[1] == accum * batch:
         accum, batch = saved
@@ -121,10 +111,8 @@ def all_mean(values, ranks):
 
 
 class StopSignals:
-    """Ctrl-C (SIGINT), SIGTERM and SIGHUP (a closed terminal) ask the run to stop at the end of the iteration
-    (and save): hrmlm.signals' one design with defer (the signal noted, the note printed by rank 0); a second
-    signal quits at once without saving, even inside one long C call. requested() is true on every rank as soon
-    as any rank got one, so that all stop at the same iteration and save together."""
+    """A stop signal asks the run to save and stop at the end of the iteration (signals.exit_on_signals with defer);
+    a second quits at once without saving. requested() is true on every rank once any rank got one."""
 
     def __init__(self, ranks):
         self.ranks = ranks
@@ -140,8 +128,7 @@ class StopSignals:
         return flag.item() > 0
 
     def exit(self, iter_num, saved):
-        """End the run: one line (from rank 0) saying where, and exit status 128 + the signal number, as a
-        shell reports a process that a signal ended (130 for SIGINT, 143 for SIGTERM)."""
+        """End the run: one line (from rank 0) saying where, and exit status 128 + the signal number."""
         self.received.done.set()   # saved: a signal from here on changes nothing
         signum = self.received[0] if self.received else signal.SIGTERM   # another rank's signal: SIGTERM's code
         end_process_group(self.ranks)
@@ -150,30 +137,21 @@ class StopSignals:
              "train.py", show=self.ranks.master)
 
 
-# --- DDP and FSDP2 ---------------------------------------------------------------------------------------
-
 def shard_units(model):
-    """The modules FSDP shards and gathers one at a time: each block with its own projections; the rest
-    (embedding, fusion, norms) is the root unit."""
+    """What FSDP shards and gathers one at a time: each block with its projections; the rest is the root."""
     if isinstance(model, HRM):
         return [m for m in (model.input_block, model.L_net, model.H_net) if m is not None]
     return list(model.blocks) if isinstance(model, Transformer) else [model.block]
 
 
 def fully_shard_model(model, dtype=torch.float32):
-    """FSDP2 over the ranks: each block (with its projections) is a unit gathered when it runs, the rest is
-    the root. HRM's and UniTF's shared blocks run M times a pass, so they stay gathered through the forward
-    (one all-gather, not M); a Transformer's blocks run once and are freed after their forward.
-
-    Precision is FSDP2's MixedPrecisionPolicy, stated here: under bf16 (dtype) every Linear is gathered in bf16,
-    what autocast's weight cache makes of it in one process (a shared weight cast once for all M steps, its M
-    gradients summed in bf16, then float32); the norms, embedding and scalars stay float32, where autocast keeps
-    them; every gradient is reduced in float32. So FSDP gives DDP's numbers: gradients 1e-7 apart relative
-    (tests/dist_equality.py; docs/TRAINING.md, "bf16 under DDP and FSDP")."""
+    """FSDP2, a unit per shard_units entry; HRM's and UniTF's shared blocks (M runs a pass) stay gathered through the
+    forward. Under bf16 the Linears are gathered in bf16 (autocast's cast in one process), gradients reduced in
+    float32: DDP's numbers (tests/dist_equality.py; docs/TRAINING.md, "bf16 under DDP and FSDP")."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard   # public since torch 2.6
     fp32 = MixedPrecisionPolicy(reduce_dtype=torch.float32)
     low = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    reshard = isinstance(model, Transformer)
+    reshard = isinstance(model, Transformer)   # a Transformer's blocks run once: freed after their forward
     for unit in shard_units(model):
         linears = [m for m in unit.modules() if isinstance(m, nn.Linear)]
         if dtype != torch.float32 and linears:   # one group: gathered in bf16 together, one all-gather
@@ -182,18 +160,10 @@ def fully_shard_model(model, dtype=torch.float32):
     fully_shard(model, mp_policy=fp32)
 
 
-# --- the model built on the meta device: each rank materialises only what it holds ------------------------
-
-INITS = {"kaiming_uniform_", "normal_", "uniform_", "trunc_normal_"}   # what model.py's build does to a weight
-
-
 class MetaInit(TorchFunctionMode):
-    """While model.py builds the model: every weight matrix (torch.empty with 2 or more dimensions: the Linear and
-    embedding weights, all but a few KB of it) is made on the meta device, and each init call on one (nn.Linear's
-    kaiming_uniform_, then model.py's normal_) is run on a CPU tensor of its shape, so the CPU generator draws
-    exactly what a CPU build draws, in the same order: the same weights, bit for bit. What the rank holds of the
-    result (keep) is kept in `drawn`; the full tensor goes at once. The rest (norms, alpha, tau, z0, RoPE) is
-    built on the CPU as before: a few KB."""
+    """While model.py builds: every weight matrix (torch.empty, 2+ dimensions) is made on the meta device, and each
+    init of one runs on a CPU tensor of its shape, so the CPU generator draws what a CPU build draws, bit for bit;
+    `drawn` keeps what the rank holds of it (keep). The rest (norms, alpha, tau, z0, RoPE) is a few KB on the CPU."""
 
     def __init__(self, keep):
         super().__init__()
@@ -205,7 +175,7 @@ class MetaInit(TorchFunctionMode):
             kwargs = dict(kwargs, device="meta")
         w = args[0] if args else kwargs.get("tensor")   # nn.init's functions pass it as tensor=
         if isinstance(w, torch.Tensor) and w.is_meta and func.__name__[-1:] == "_" != func.__name__[:1]:
-            if func.__name__ not in INITS:   # an update of a weight's values, which a meta weight does not have
+            if func.__name__ not in ("kaiming_uniform_", "normal_", "uniform_", "trunc_normal_"):   # model.py's
                 raise NotImplementedError(f"the meta-device build cannot replay {func.__name__} on a weight")
             self.drawn.pop(id(w), None)   # the value this init replaces goes first (a CPU build holds one)
             full = torch.empty(w.shape, dtype=w.dtype, device="cpu")
@@ -216,11 +186,8 @@ class MetaInit(TorchFunctionMode):
 
 
 def build_on_device(config, device, ranks, fsdp=False, dtype=torch.float32):
-    """The model for config, initialised as a CPU build after the caller's torch.manual_seed (bit for bit), on
-    `device`, FSDP-sharded (fsdp) or whole, without the whole model ever being on the CPU: built on the meta
-    device (MetaInit), each weight drawn on the CPU and at once moved to the device (whole: it becomes the
-    parameter) or cut to this rank's FSDP shard, which fills the sharded model once it is allocated there. A 3.4B
-    model is 13.7 GB in float32: it was built whole on every rank's host first."""
+    """The model, initialised as a CPU build after the same seed (bit for bit), on `device`, whole or FSDP-sharded,
+    never whole on the CPU (a 3.4B model is 13.7 GB): each weight MetaInit draws goes to the device or to a shard."""
     world, rank = (ranks.world_size, ranks.rank) if fsdp else (1, 0)
 
     def shard(full):   # what this rank holds of a parameter: FSDP2's dim-0 piece (torch.chunk's), a copy
@@ -243,29 +210,22 @@ def build_on_device(config, device, ranks, fsdp=False, dtype=torch.float32):
 
 
 def compile_model(model, backend="inductor"):
-    """torch.compile each block application unit (shard_units: a block with its projections), as torchtitan compiles
-    each block, not the whole model: HRM's and UniTF's shared unit, called M times a pass, reuses its graphs at
-    every step and every depth (random_depth needs no graph per depth), and FSDP's gathers stay between graphs: no
-    graph break under FSDP, where the whole model had 7 at M=4 (tests/test_hazards.py). A unit has a few variants
-    (with and without gradient, the first step's expanded z0), each a graph: the recompile limit is raised past
-    them, so none falls back to eager. In place: the state dict keeps its names."""
+    """torch.compile each shard unit in place (torchtitan's way): a shared unit reuses its graphs at every step and
+    depth, and FSDP's gathers fall between graphs (the whole model: 7 graph breaks; tests/test_hazards.py). The
+    recompile limit covers a unit's variants (with and without gradient, the first step's z0): none runs eager."""
     import torch._dynamo
-    cfg = torch._dynamo.config
-    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"   # renamed in torch 2.7
-    setattr(cfg, name, max(getattr(cfg, name), 64))
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for unit in shard_units(model):
         unit.compile(backend=backend)
     return model
 
 
 def wrap(model, ranks, fsdp):
-    """DDP around the model under torchrun (FSDP was applied by fully_shard_model); the model itself
-    otherwise. Gradients are views of DDP's buckets: one copy of them, not two."""
+    """DDP around the model under torchrun (not FSDP: fully_shard_model), gradients views of its buckets (one copy)."""
     if not ranks.ddp or fsdp:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
-    # broadcast_buffers=False: the buffers (RoPE tables, z0) are built from the seed, the same on every rank, and
-    # never change, so DDP's broadcast of them before every forward would only cost time
+    # broadcast_buffers=False: the buffers (RoPE tables, z0) are the same on every rank and never change
     return DDP(model, device_ids=[ranks.local_rank] if ranks.device.startswith("cuda") else None,
                gradient_as_bucket_view=True, broadcast_buffers=False)
 

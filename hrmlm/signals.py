@@ -1,17 +1,13 @@
 """
 How every script stops on Ctrl-C (SIGINT), SIGTERM (kill, a scheduler) and SIGHUP (a closed terminal): one line,
 '<script>: error: interrupted by SIGTERM...', exit status 128 + n as a shell reports it, never a traceback, and
-nothing half-written left. Imports only the standard library, so a script installs it before torch's import.
-
-  exit_at_once      while a script imports and sets up (nothing to clean): the line, and out at once
-  exit_on_signals   during the work: a KeyboardInterrupt in the main thread, so `with` and `finally` clean up as it
-                    passes (train.py's loop: only noted, and answered with a save at the end of the iteration); a
-                    second signal, or GRACE_S seconds without stopping, ends it at once after cleanup()
-docs/TRAINING.md, "What happens on a crash".
+nothing half-written left. Standard library only, so a script installs it before torch's import: exit_at_once
+while it imports and sets up, exit_on_signals during the work (docs/TRAINING.md, "What happens on a crash").
 """
 
 import _thread
 import atexit
+import contextlib
 import os
 import select
 import signal
@@ -39,8 +35,7 @@ def exit_at_once(prog, note, speak=True):
 
 
 class Signals(list):
-    """The signals a script got (falsy until one comes); stop() ends the script with its line; clear(): the script
-    said it itself (sample.py), nothing more to do here."""
+    """The signals a script got (falsy until one comes); stop() ends the script; clear(): it said so itself."""
 
     def clear(self):
         super().clear()
@@ -48,16 +43,13 @@ class Signals(list):
 
 
 def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=True, defer=None, speak=True):
-    """The first signal raises KeyboardInterrupt in the main thread; one that reaches the top is the line,
-    '<prog>: error: interrupted by SIGTERM<describe()>'. A library may swallow it (torch's import, a finaliser):
-    insist=True raises it again every half second; a script whose cleanup must not be cut short (prepare.py's
-    staging folder) passes insist=False and calls check() between chunks of its work. defer (train.py's loop):
-    the first is only noted, and `defer` printed; the loop answers it (a save). A second signal, or GRACE_S seconds
-    without the script stopping (not with defer), ends the process at once, after cleanup(), even inside one
-    long C call (a huge op, a hung collective), where no Python handler runs: the OS writes each signal to a
-    wakeup fd, which a thread reads. speak=False (torchrun's ranks but 0): no line. Returns the Signals list.
-    leave=False (prepare.main called by a test, not run): stop() raises SystemExit carrying the line, and
-    nothing ends the process."""
+    """The first signal raises KeyboardInterrupt in the main thread, so `with` and `finally` clean up; at the top it
+    is the line '<prog>: error: interrupted by SIGTERM<describe()>'. A library may swallow it (torch's import):
+    insist raises it again every half second, or (insist=False: prepare.py's staging folder) the script calls
+    check() between chunks. defer (train.py's loop): the first is only noted and `defer` printed. A second signal,
+    or GRACE_S s without stopping (not with defer), ends the process after cleanup(), even inside a long C call
+    where no handler runs: a thread reads the wakeup fd. speak=False (torchrun's ranks but 0): no line. leave=False
+    (prepare.main called by a test): stop() raises SystemExit carrying the line. Returns the Signals list."""
     got, done, one_line = Signals(), threading.Event(), threading.Lock()
     got.done, RECEIVED[:] = done, [got]
     prog = prog or os.path.basename(sys.argv[0])
@@ -69,22 +61,20 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
         if not leave:
             raise SystemExit(line)
         one_line.acquire()   # the watcher's end and the main thread at once: the second waits for the exit
-        try:
+        with contextlib.suppress(OSError, ValueError):   # a closed pipe or terminal (SIGHUP's): leave all the same
             sys.stdout.flush()   # what was printed stays printed
             if speak:
                 sys.stderr.write(line + "\n")
                 sys.stderr.flush()
-        except (OSError, ValueError):   # a closed pipe or terminal (SIGHUP's): leave all the same
-            pass
         os._exit(SIGNALLED + n)   # past the interpreter's exit, which waits for threads still working
 
-    def end(how):   # whatever the main thread is stuck in: clean up and leave now
+    def end(first, how):   # whatever the main thread is stuck in (a long C call: its handler never ran): leave now
         if done.is_set():
             return
-        try:
+        if not got:
+            got.append(first)
+        with contextlib.suppress(OSError):
             cleanup and cleanup()
-        except OSError:
-            pass
         stop(f" ({how})")
 
     def on_signal(signum, frame):
@@ -110,23 +100,17 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
             for signum in os.read(r, 64) if ready else b"":
                 if signum not in STOP_SIGNALS or done.is_set():
                     continue
-                if first is None:
-                    first, deadline = signum, time.monotonic() + GRACE_S
-                    if defer and speak:
-                        try:
-                            sys.stderr.write(f"{prog}: {signal.Signals(signum).name}: {defer}\n")
-                        except (OSError, ValueError):   # a closed terminal: the watcher stays for the second
-                            pass
-                else:
-                    if not got:   # the main thread never ran its handler (a long C call)
-                        got.append(first)
-                    end(f"then by {signal.Signals(signum).name}")   # the user insists
+                if first is not None:
+                    end(first, f"then by {signal.Signals(signum).name}")   # the user insists
+                    continue
+                first, deadline = signum, time.monotonic() + GRACE_S
+                if defer and speak:
+                    with contextlib.suppress(OSError, ValueError):   # a closed terminal: the watcher stays for a second
+                        sys.stderr.write(f"{prog}: {signal.Signals(signum).name}: {defer}\n")
             if first is None or defer or done.is_set():
                 continue
             if time.monotonic() > deadline:
-                if not got:
-                    got.append(first)
-                end(f"{GRACE_S} s after it, still not stopped")
+                end(first, f"{GRACE_S} s after it, still not stopped")
             elif insist and got:
                 _thread.interrupt_main(REPEAT)
 
