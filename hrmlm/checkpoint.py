@@ -335,7 +335,7 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
         except CheckpointException as e:        # a BaseException: a shard missing, truncated or foreign
             why = next(iter(e.failures.values()), (e,))[0]   # {rank: (exception, its traceback)}
             if isinstance(why, (ValueError, RuntimeError)):   # the planner's: a tensor missing or of another shape
-                raise ValueError(f"{path} does not fit this model: {one_line(why, 200)}") from None
+                raise ShardError(f"{path} does not fit this model: {one_line(why, 200)}") from None
             raise ShardError(f"{path}: cannot read a shard or its index ({one_line(why, 200)}): one is "
                              f"missing or damaged; resume from an intact checkpoint") from None
         finally:
@@ -358,7 +358,8 @@ def load_sharded(path, model, optimizer=None, param_groups=None):
 
 
 class ShardError(ValueError):
-    """A shard that cannot be read (missing, truncated): load_sharded's callers say so as it is."""
+    """load_sharded's error that is already the whole line (a shard missing or truncated, a tensor that does not
+    fit): its callers pass it on as it is."""
 
 
 def load_optimizer_state(model, optimizer, osd, path):
