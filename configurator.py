@@ -1,16 +1,13 @@
 """
-The tiny configurator of train.py and sample.py (nanoGPT's, made strict), the one reader of their
-settings blocks (read_settings: the defaults and comments, without running the script), and the checks of
-those settings (model.py's ModelConfig checks its own fields).
+The configurator of train.py and sample.py (nanoGPT's, made strict), the one reader of their settings blocks
+(read_settings: defaults and comments, without running the script), and the checks of train.py's settings
+(model.py's ModelConfig checks its own fields).
 
     python train.py config/X.py --batch_size=4 --compile=False
 
-Arguments without "--" are config files, executed in order; they may only assign keys
-that already exist (a config file may also import modules and define helpers: modules,
-functions and classes are not settings). Then each --key=value overrides one key; the value
-is parsed as a Python literal (else kept as a string) and must have the type of the default;
-None only where the default is None. Any mistake stops the program with one line naming the
-valid choices, or for a config file that raises, its own path and line.
+Config files (arguments without "--") run in order and may assign only existing keys; then each --key=value sets
+one key to a Python literal (else a string) of its default's type, None only where the default is None. A mistake
+stops the program with one line naming the valid choices, or for a config file that raises, its own path and line.
 """
 
 import ast
@@ -34,24 +31,25 @@ def _check_type(key, value, default):
     if value is None:
         raise ConfigError(f"--{key} cannot be None: its type is {type(default).__name__} "
                           f"(only keys whose default is None take None)")
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"--{key} must be True or False, got {value!r}")
-    elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(default, float) and type(value) is int:   # not a bool
         value = float(value)
-    elif type(value) is not type(default):
-        raise ConfigError(f"--{key} must be of type {type(default).__name__} (default {default!r}), got {value!r}")
+    if type(value) is not type(default):
+        want = f"of type {type(default).__name__} (default {default!r})"
+        raise ConfigError(f"--{key} must be {'True or False' if isinstance(default, bool) else want}, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):   # a NaN passes every range check
         raise ConfigError(f"--{key} must be a finite number, got {value!r}")
     return value
 
 
 def _run_config_file(path, config):
-    """Execute a config file in a scope holding the current config; returns that scope. An exception
-    in the file becomes one ConfigError naming the file's own path and line (not File "<string>")."""
+    """Execute a config file in a scope holding the current config; return that scope. An exception in it is one
+    ConfigError naming the file's own path and line (not File "<string>")."""
     if os.path.isdir(path):
         choices = ", ".join(sorted(glob.glob(os.path.join(path, "*.py"))))
         raise ConfigError(f"config file {path!r} is a directory, not a .py file; in it: {choices or '(no .py files)'}")
+    if not os.path.exists(path):
+        choices = ", ".join(sorted(glob.glob(os.path.join(os.path.dirname(path) or "config", "*.py"))))
+        raise ConfigError(f"config file {path!r} not found; available: {choices or '(none)'}")
     try:
         with open(path, encoding="utf-8") as f:
             source = f.read()
@@ -59,20 +57,17 @@ def _run_config_file(path, config):
         raise ConfigError(f"cannot read config file {path!r}: {type(e).__name__}: {e}") from None
     scope = dict(config)   # one dict as globals: helpers defined in the file can see its other names
 
-    def include(name):
-        """include("char_testbed.py"): run a config file from this one's folder here, so that settings
-        shared by several configs are written once."""
+    def include(name):   # include("char_testbed.py"): settings that several configs share, written once
         other = os.path.join(os.path.dirname(path), name)
         with open(other, encoding="utf-8") as f:
             exec(compile(f.read(), other, "exec"), scope)
     scope["include"] = include
     try:
         exec(compile(source, path, "exec"), scope)
-    except SyntaxError as e:
-        raise ConfigError(f"{path}:{e.lineno}: SyntaxError: {e.msg}") from None
     except Exception as e:
-        line = next((fr.lineno for fr in reversed(traceback.extract_tb(e.__traceback__)) if fr.filename == path), "?")
-        msg = (str(e).strip().splitlines() or [""])[0]
+        syntax, frames = isinstance(e, SyntaxError), traceback.extract_tb(e.__traceback__)
+        line = e.lineno if syntax else next((fr.lineno for fr in reversed(frames) if fr.filename == path), "?")
+        msg = e.msg if syntax else (str(e).strip().splitlines() or [""])[0]
         raise ConfigError(f"{path}:{line}: {type(e).__name__}: {msg}") from None
     return scope
 
@@ -82,33 +77,26 @@ def apply_config(argv, config):
     valid = sorted(k for k in config if not k.startswith("_"))
     defaults = dict(config)   # types are checked against these, not against what an earlier argument set
     for arg in argv:
-        if not arg.startswith("--"):
-            if not os.path.exists(arg):
-                choices = ", ".join(sorted(glob.glob(os.path.join(os.path.dirname(arg) or "config", "*.py"))))
-                raise ConfigError(f"config file {arg!r} not found; available: {choices or '(none)'}")
-            scope = _run_config_file(arg, config)
-            for key, value in scope.items():
-                if key.startswith("_") or key in config and scope[key] is config[key]:
-                    continue
-                if isinstance(value, types.ModuleType) or callable(value):   # import math, def f(): not settings
-                    continue
-                if key not in config:
-                    raise ConfigError(f"{arg}: unknown config key {key!r}; valid keys: {', '.join(valid)}")
-                try:
-                    config[key] = _check_type(key, value, defaults[key])
-                except ConfigError as e:
-                    raise ConfigError(f"{arg}: {e}") from None
-        else:
+        if arg.startswith("--"):
             if "=" not in arg:
                 raise ConfigError(f"expected --key=value, got {arg!r}")
             key, val = arg[2:].split("=", 1)
-            if key not in config or key.startswith("_"):
-                raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(valid)}")
             try:
                 value = ast.literal_eval(val)
-            except (SyntaxError, ValueError):
+            except (SyntaxError, ValueError, TypeError):   # TypeError: an unhashable key, {[]: 1}
                 value = val
-            config[key] = _check_type(key, value, defaults[key])
+            where, items = "", [(key, value)]
+        else:   # a config file's new values; its imports and helpers (import math, def f) are not settings
+            where, scope = f"{arg}: ", _run_config_file(arg, config)
+            items = [(k, v) for k, v in scope.items() if not (k.startswith("_") or k in config and v is config[k]
+                                                              or isinstance(v, types.ModuleType) or callable(v))]
+        for key, value in items:
+            if key not in config or key.startswith("_"):
+                raise ConfigError(f"{where}unknown config key {key!r}; valid keys: {', '.join(valid)}")
+            try:
+                config[key] = _check_type(key, value, defaults[key])
+            except ConfigError as e:
+                raise ConfigError(f"{where}{e}") from None
     return config
 
 
@@ -119,8 +107,7 @@ def read_settings(path):
         source = f.read()
     lines, settings = source.splitlines(), {}
     for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
-                getattr(node.value.func, "id", "") == "configure":
+        if isinstance(node, ast.Assign) and getattr(getattr(node.value, "func", None), "id", "") == "configure":
             break
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             try:
@@ -132,27 +119,23 @@ def read_settings(path):
     return settings
 
 
-def print_help(doc, settings, prog):
-    """--help for train.py and sample.py: the docstring, then each setting with its default and comment."""
-    print((doc or "").strip() + "\n")
-    print(f"usage: python {prog} [config/FILE.py ...] [--key=value ...]\n\nsettings (default, what it does):")
-    width = max(len(f"--{k}={v!r}") for k, (v, _) in settings.items())
-    for k, (v, comment) in settings.items():
-        print(f"  {f'--{k}={v!r}':<{width}}  {comment}")
-
-
 def configure(scope, argv=None, prog=None):
-    """apply_config on a script's globals; on error one line and exit status 2 (common.fail)."""
-    settings = read_settings(scope["__file__"])
-    keys = {k: scope[k] for k in settings}   # the settings block: nothing imported, no helper
+    """apply_config on a script's settings block (read_settings: nothing imported, no helper), back into its globals;
+    --help: the docstring, each setting's default and comment. On error one line, exit status 2 (common.fail)."""
+    settings, prog = read_settings(scope["__file__"]), prog or os.path.basename(sys.argv[0])
+    keys = {k: scope[k] for k in settings}
     argv = sys.argv[1:] if argv is None else argv
     if "--help" in argv or "-h" in argv:
-        print_help(scope.get("__doc__"), settings, prog or os.path.basename(sys.argv[0]))
+        print((scope.get("__doc__") or "").strip() + "\n")
+        print(f"usage: python {prog} [config/FILE.py ...] [--key=value ...]\n\nsettings (default, what it does):")
+        width = max(len(f"--{k}={v!r}") for k, (v, _) in settings.items())
+        for k, (v, comment) in settings.items():
+            print(f"  {f'--{k}={v!r}':<{width}}  {comment}")
         sys.exit(0)
     try:
         apply_config(argv, keys)
     except ConfigError as e:
-        fail(str(e), prog=prog or os.path.basename(sys.argv[0]))
+        fail(str(e), prog=prog)
     scope.update(keys)
     return keys
 
@@ -189,9 +172,7 @@ def check_train_settings(config, ddp):
     least = dict(batch_size=1, max_iters=0, eval_iters=1, eval_interval=1, log_interval=1, max_nonfinite=1,
                  min_lr=0, weight_decay=0, grad_clip=0, warmup_iters=0, lr_decay_iters=0, seed=0, vocab_size=0)
     errors += [f"{k} must be >= {v}, got {config[k]}" for k, v in least.items() if config[k] < v]
-    for k in ("learning_rate", "scalar_lr_mult"):
-        if not config[k] > 0:
-            errors.append(f"{k} must be > 0, got {config[k]}")
+    errors += [f"{k} must be > 0, got {config[k]}" for k in ("learning_rate", "scalar_lr_mult") if not config[k] > 0]
     errors += [f"{k} must be in [0, 1), got {config[k]}" for k in ("beta1", "beta2") if not 0 <= config[k] < 1]
     if config["decay_lr"] and config["min_lr"] > config["learning_rate"] > 0:
         errors.append(f"min_lr={config['min_lr']:g} is above learning_rate={config['learning_rate']:g}: the cosine "

@@ -7,7 +7,6 @@ Sample text from a checkpoint written by train.py.
 Decoding uses the per-application KV cache (engine.py, docs/MODEL.md section 5) unless --use_cache=False.
 """
 
-import math
 import os
 import signal
 import sys
@@ -45,7 +44,7 @@ configure(globals(), prog="sample.py")
 
 if init_from != "resume":
     fail(f"init_from must be 'resume' (a checkpoint in out_dir), got {init_from!r}")
-if temperature < 0 or not math.isfinite(temperature):
+if temperature < 0:   # a NaN or Inf: refused by the configurator
     fail(f"temperature must be >= 0 and finite, got {temperature}")
 if 0 < temperature < 1e-4:   # logits / temperature would overflow to inf, and softmax give NaN
     fail(f"temperature={temperature} is too small to sample with; use 0 for greedy decoding, or >= 1e-4")
@@ -92,16 +91,12 @@ if meta.get("vocab_size", model.config.vocab_size) != model.config.vocab_size:
     fail(f"the model has vocab_size={model.config.vocab_size} but its dataset's meta.json says {meta['vocab_size']}")
 try:
     encode, decode = get_codec(meta)
-except ValueError as e:   # the GPT-2 tokenizer's package is missing
-    fail(str(e))
-try:
     cache_slots(model, kv)
-except ValueError as e:   # a policy of a recurrence, asked of a Transformer (or of UniTF, which has no firings)
+except ValueError as e:   # the GPT-2 tokenizer's package is missing; a recurrence's policy asked of a Transformer
     fail(str(e))
 del checkpoint
 model.eval().to(device)
 torch.manual_seed(seed)
-ctx = precision_context(device_type, dtype)
 
 if meta.get("tokenizer") == "char" and set(start) - set(meta["chars"]):   # encode reads them as spaces
     print(f"note: the prompt's characters {''.join(sorted(set(start) - set(meta['chars'])))!r} are not in the "
@@ -109,42 +104,30 @@ if meta.get("tokenizer") == "char" and set(start) - set(meta["chars"]):   # enco
 ids = encode(start) or [0 if meta.get("tokenizer") == "char" else 50256]  # "" -> <|endoftext|> (BPE)
 bs = model.config.block_size
 if len(ids) > bs:
-    print(f"note: the prompt is {len(ids)} tokens, over block_size={bs}; keeping its last {bs} tokens",
-          file=sys.stderr)
+    print(f"note: the prompt is {len(ids)} tokens, over block_size={bs}; keeping its last {bs} tokens", file=sys.stderr)
     ids = ids[-bs:]
 x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
 
 
-
-def show(ids):
-    """Print the text of token ids as they come. A token may end inside a character (BPE splits bytes), which
-    decodes as U+FFFD until the next token completes it: such tokens wait for the rest."""
-    pending = []
-    for i in ids:
-        if signalled:   # a signal whose KeyboardInterrupt Python dropped (it landed in a finaliser)
-            raise KeyboardInterrupt
-        pending.append(i)
-        text = decode(pending)
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            pending = []
-    sys.stdout.write(decode(pending) + "\n")
-    sys.stdout.flush()
-
-
 try:
-    with ctx:
-        for k in range(num_samples):
-            t0 = time.time()
+    with precision_context(device_type, dtype):
+        for _ in range(num_samples):
+            t0, pending = time.time(), []
             sys.stdout.write(decode(ids))
-            show(t[0, 0].item() for t in stream(model, x, max_new_tokens, temperature, top_k or None, use_cache, kv))
+            for t in stream(model, x, max_new_tokens, temperature, top_k or None, use_cache, kv):
+                if signalled:   # a signal whose KeyboardInterrupt Python dropped (it landed in a finaliser)
+                    raise KeyboardInterrupt
+                pending.append(t[0, 0].item())
+                text = decode(pending)   # a token may end inside a character (BPE splits bytes): it decodes as
+                if not text.endswith("\ufffd"):   # U+FFFD until the next token completes it, so it waits for them
+                    print(text, end="", flush=True)
+                    pending = []
+            print(decode(pending), flush=True)
             dt = time.time() - t0
             print(f"--------------- ({max_new_tokens} tokens in {dt:.2f} s, {max_new_tokens / max(dt, 1e-9):.1f} "
                   f"tok/s, {f'cached, kv={kv}' if use_cache else 'full recompute'})", file=sys.stderr)
 except KeyboardInterrupt:   # what was printed stays printed
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    print(flush=True)
     signum = signalled[0] if signalled else signal.SIGINT
     signalled.clear()   # said here, with what it means for the text: not again at the exit
     fail(f"interrupted by {signal.Signals(signum).name}; the text above is what was generated", code=SIGNALLED + signum)
