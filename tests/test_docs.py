@@ -297,3 +297,11 @@ def test_size_aims_that_hold():
     lines = {f: sum(1 for _ in open(os.path.join(ROOT, f))) for f in ("model.py", "train.py")}
     assert lines["model.py"] <= 450 and lines["train.py"] <= 360, lines
     assert os.path.getsize(os.path.join(ROOT, "README.md")) <= 15_000
+
+
+def test_readme_reading_path_counts_are_the_files():
+    """The README's reading path quotes each file's length ("`model.py` (449 lines"): it must be the file's."""
+    quoted = re.findall(r"`([\w/]+\.py)` \((\d+)[ :]", open(os.path.join(ROOT, "README.md")).read())
+    assert len(quoted) >= 3, quoted
+    for name, n in quoted:
+        assert sum(1 for _ in open(os.path.join(ROOT, name))) == int(n), (name, n)
