@@ -232,7 +232,8 @@ def prepare_chars(docs, out_dir, source=None):
     with staged(out_dir) as tmp:   # all three files or none (see `staged`)
         for split, texts in (("train", train), ("val", val)):
             ids = np.array([stoi[ch] for ch in "".join(texts)], dtype=np.uint16)
-            ids.tofile(os.path.join(tmp, f"{split}.bin"))   # a full disk: OSError ENOSPC
+            with open(os.path.join(tmp, f"{split}.bin"), "wb") as f:   # a full disk: OSError ENOSPC (tofile's
+                f.write(ids.tobytes())                                  # OSError would not name it)
             counts[split] = len(ids)
             print(f"{os.path.join(out_dir, f'{split}.bin')}: {len(ids):,} characters")
         with open(os.path.join(tmp, "meta.json"), "w") as f:
