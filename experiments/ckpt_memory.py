@@ -55,6 +55,9 @@ def main():
     ap.add_argument("--label", default="this checkout", help="the row label")
     ap.add_argument("--data_dir", default=os.path.join(HERE, "data"), help="where shakespeare_char is")
     args = ap.parse_args()
+    if not os.path.isfile(os.path.join(args.data_dir, "shakespeare_char", "train.bin")):   # one line, not 2 tracebacks
+        sys.exit(f"ckpt_memory.py: error: no {args.data_dir}/shakespeare_char; run `python prepare.py "
+                 f"--dataset=shakespeare_char` first")
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = os.path.join(tmp, "run")
         phases = {"start": ["--eval_only=True", f"--out_dir={out_dir}-start"],   # the model built, one evaluation

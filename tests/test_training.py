@@ -285,7 +285,8 @@ def test_bf16_trains_and_samples_on_cpu(arch, data_dir, tmp_path):
     f32, bf16 = str(tmp_path / "f32"), str(tmp_path / "bf16")
     run_train(args, data_dir, f32)
     p = run_train(args + ["--dtype=bfloat16"], data_dir, bf16)
-    assert "cpu bfloat16" in p.stdout
+    header = next(line for line in p.stdout.splitlines() if " parameters | " in line)
+    assert " | bfloat16 | " in header and header.endswith(", cpu"), header
     a, b = raw_log(f32), raw_log(bf16)
     assert b[-1]["val_loss"] < b[0]["val_loss"]
     assert abs(a[-1]["val_loss"] - b[-1]["val_loss"]) < 0.1, (a[-1], b[-1])
