@@ -68,7 +68,7 @@ def _run_config_file(path, config):
         syntax, frames = isinstance(e, SyntaxError), traceback.extract_tb(e.__traceback__)
         line = e.lineno if syntax else next((fr.lineno for fr in reversed(frames) if fr.filename == path), "?")
         msg = e.msg if syntax else (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(f"{path}:{line}: {type(e).__name__}: {msg}") from None
+        raise ConfigError(f"{path}:{line}: {'SyntaxError' if syntax else type(e).__name__}: {msg}") from None
     return scope
 
 
@@ -81,6 +81,8 @@ def apply_config(argv, config):
             if "=" not in arg:
                 raise ConfigError(f"expected --key=value, got {arg!r}")
             key, val = arg[2:].split("=", 1)
+            if key not in config or key.startswith("_"):   # before parsing the value, which may be anything
+                raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(valid)}")
             try:
                 value = ast.literal_eval(val)
             except (SyntaxError, ValueError, TypeError):   # TypeError: an unhashable key, {[]: 1}

@@ -105,8 +105,9 @@ def test_gpt2_tokenizer_is_tiktokens(hf, tmp_path):
 def test_round_trip_gives_the_same_weights(hf, tmp_path):
     """The folder back to a ckpt.pt: every tensor equal, and sample.py reads it."""
     run = make_run(tmp_path / "run", "hrm")
-    assert run_script("tools/export_hf.py", f"--out_dir={run}", f"--to={tmp_path / 'hf'}").returncode == 0
-    p = run_script("tools/export_hf.py", f"--from_hf={tmp_path / 'hf'}", f"--to={tmp_path / 'back'}")
+    hf_dir = tmp_path / "exports" / "v1" / "hf"   # its parents are made too
+    assert run_script("tools/export_hf.py", f"--out_dir={run}", f"--to={hf_dir}").returncode == 0
+    p = run_script("tools/export_hf.py", f"--from_hf={hf_dir}", f"--to={tmp_path / 'back'}")
     assert p.returncode == 0, p.stderr
     a, b = (load_checkpoint(os.path.join(d, "ckpt.pt")) for d in (run, tmp_path / "back"))
     assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])

@@ -58,6 +58,11 @@ def test_configurator_cases(tmp_path):
     f.write_text("a = 2\nb = (\n")
     with pytest.raises(ConfigError, match=f"^{f}:2: SyntaxError"):
         apply_config([str(f)], {"a": 1, "b": 0.5})
+    f.write_text("a = 2\n  b = 1\n")   # an IndentationError is named as every syntax error is
+    with pytest.raises(ConfigError, match=f"^{f}:2: SyntaxError: unexpected indent"):
+        apply_config([str(f)], {"a": 1, "b": 0.5})
+    with pytest.raises(ConfigError, match="unknown config key 'nokey'"):   # before its value is parsed
+        apply_config(["--nokey=" + "-" * 200_000 + "1"], {"a": 1})
     with pytest.raises(ConfigError, match="is a directory, not a .py file; in it: .*c.py"):
         apply_config([str(tmp_path)], {"a": 1})
 

@@ -106,7 +106,7 @@ def export(path, to, data_dir=None):
     a = ck["model_args"]
     tmp = Path(to.rstrip("/") + ".tmp")   # renamed to `to` once whole
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp.mkdir(parents=True)   # --to=runs/exports/x: its parents too
     try:
         shutil.copy(os.path.join(ROOT, "model.py"), tmp)
         shutil.copy(os.path.join(HF, "modeling_hrmlm.py"), tmp)
@@ -146,10 +146,10 @@ def import_back(src, to):
     from safetensors.torch import load_file
     from hrmlm.checkpoint import CKPT_BEST, save_checkpoint
     args = json.loads(Path(src, "config.json").read_text())["hrmlm"]
+    info = json.loads(Path(src, "hrmlm.json").read_text())   # before `to` exists: a bad file leaves nothing
     sd = {k.removeprefix("model."): v for k, v in load_file(os.path.join(src, "model.safetensors")).items()}
     os.makedirs(to)
-    save_checkpoint(os.path.join(to, CKPT_BEST), dict(json.loads(Path(src, "hrmlm.json").read_text()),
-                                                      model_args=args, model=sd))
+    save_checkpoint(os.path.join(to, CKPT_BEST), dict(info, model_args=args, model=sd))
     print(f"wrote {os.path.join(to, CKPT_BEST)} ({args['arch']}, from {src})")
 
 
