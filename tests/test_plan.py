@@ -83,6 +83,17 @@ def test_plan_errors_are_one_line(tmp_path):
     assert line.startswith("plan.py: error:") and "n_embd" in line
 
 
+def test_markdown_row_where_a_larger_micro_batch_fits(tmp_path):
+    """--markdown searches from the largest micro-batch down: where a larger one than the config's fits, the row
+    still reads the config's own micro-batch (it was never planned, and the row was a KeyError traceback)."""
+    cfg = tmp_path / "small.py"
+    cfg.write_text("n_embd = 64\nn_head = 2\nN = 2\nT = 2\nblock_size = 64\nvocab_size = 80\n"
+                   "batch_size = 2\ngradient_accumulation_steps = 4\n")
+    p = run_script("tools/plan.py", str(cfg), "--markdown=80", "--world_size=1")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.splitlines()[-1].startswith("| small.py |") and "micro-batch 8" in p.stdout, p.stdout
+
+
 @pytest.mark.parametrize("arg", ["--gpu_mem_gb=nan", *[pytest.param(a, marks=pytest.mark.slow)
                                                           for a in ("--gpu_mem_gb=inf", "--reserve_gb=nan")]])
 def test_plan_refuses_non_finite_sizes(arg):

@@ -262,7 +262,8 @@ def markdown(paths, world_size, gpu_gbs, reserve_gb):
                 if best == b:
                     break   # the plain run fits: nothing more to say
             cells.append(" or ".join(opts) or "no fit")
-        ddp, fsdp = rows[("ddp", b)], rows.get(("fsdp", b)) or plan(settings, world_size, 0, reserve_gb * GB, b, True)
+        ddp, fsdp = (rows.get((m, b)) or plan(settings, world_size, 0, reserve_gb * GB, b, m == "fsdp")
+                     for m in ("ddp", "fsdp"))   # b is not planned where a larger micro-batch fits
         print(f"| {os.path.basename(path)} | {ddp['params'] / 1e6:.0f}M | {ddp['total'] / GB:.1f} | "
               f"{fsdp['total'] / GB:.1f} | " + " | ".join(cells) + " |", flush=True)
 
