@@ -66,7 +66,10 @@ def stop_on_errors(errors, ranks, prog="train.py"):
         dist.all_gather_object(everyone, errors)
     if not any(everyone):
         return
-    found = {msg: [r for r, errs in enumerate(everyone) if msg in errs] for errs in everyone for msg in errs}
+    found = {}   # message -> the ranks that found it, in the order of first appearance
+    for r, errs in enumerate(everyone):
+        for msg in errs:
+            found.setdefault(msg, []).append(r)
     lines = [msg + ("" if len(where) == ranks.world_size else f" (rank {', '.join(map(str, where))})")
              for msg, where in found.items()]
     if ranks.ddp:
