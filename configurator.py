@@ -80,21 +80,19 @@ def apply_config(argv, config):
         if arg.startswith("--"):
             if "=" not in arg:
                 raise ConfigError(f"expected --key=value, got {arg!r}")
-            key, val = arg[2:].split("=", 1)
-            if key not in config or key.startswith("_"):   # before parsing the value, which may be anything
-                raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(valid)}")
-            try:
-                value = ast.literal_eval(val)
-            except (SyntaxError, ValueError, TypeError):   # TypeError: an unhashable key, {[]: 1}
-                value = val
-            where, items = "", [(key, value)]
+            where, items, literal = "", [arg[2:].split("=", 1)], True   # the value parsed once its key is known
         else:   # a config file's new values; its imports and helpers (import math, def f) are not settings
-            where, scope = f"{arg}: ", _run_config_file(arg, config)
+            where, scope, literal = f"{arg}: ", _run_config_file(arg, config), False
             items = [(k, v) for k, v in scope.items() if not (k.startswith("_") or k in config and v is config[k]
                                                               or isinstance(v, types.ModuleType) or callable(v))]
         for key, value in items:
             if key not in config or key.startswith("_"):
                 raise ConfigError(f"{where}unknown config key {key!r}; valid keys: {', '.join(valid)}")
+            if literal:
+                try:
+                    value = ast.literal_eval(value)
+                except (SyntaxError, ValueError, TypeError):   # TypeError: an unhashable key, {[]: 1}
+                    pass   # kept as the string it is
             try:
                 config[key] = _check_type(key, value, defaults[key])
             except ConfigError as e:

@@ -294,7 +294,7 @@ def test_the_root_holds_six_scripts_and_hrmlm_imports_have_no_circle():
 def test_size_aims_that_hold():
     """DEVELOPERS' size aims that the code meets today, kept: model.py <= 450 lines, train.py <= 360, README <= 15 KB.
     The aim for all Python outside tests/, config/ and experiments/, 3,600 lines, is not met (issue 48: 5,131 lines
-    trimmed to 4,573 with every behaviour kept); a ratchet at 4,600 keeps it from growing back unnoticed."""
+    trimmed to 4,574 with every behaviour kept); a ratchet at 4,600 keeps it from growing back unnoticed."""
     lines = {f: sum(1 for _ in open(os.path.join(ROOT, f))) for f in ("model.py", "train.py")}
     assert lines["model.py"] <= 450 and lines["train.py"] <= 360, lines
     tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
