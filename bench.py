@@ -24,6 +24,7 @@ Model weights are random: latency and memory do not depend on their values.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -183,14 +184,22 @@ def profile_decoding(model, cfg, p, device, dtype, g, spec, n_prof=32):
             for pos in range(PROMPT + 8, PROMPT + 8 + n_prof):   # positions written before: rewritten alike
                 step(pos)
         sync(device)
-    ev = prof.key_averages()
-    mms = [e for e in ev if e.key in ("aten::mm", "aten::addmm")]
+    ev, mms = profile_rows(prof.key_averages(), clock == "GPU")
     ms = lambda es: sum(t(e) for e in es) / n_prof / 1e3   # noqa: E731  per token
     return {"cache": type(cache).__name__, "step_ms": statistics.median(steps) * 1e3,
             "floor_ms": statistics.median(floors) * 1e3, "clock": clock, "steps": len(steps), "profiled_ms": ms(ev),
             "mm_ms": ms(mms), "mm_calls": sum(e.count for e in mms) / n_prof, "ops": sum(e.count for e in ev) / n_prof,
             "mm_floor_ms": timed(products, device, 20) * 1e3,
             "top": [(e.key, t(e) / n_prof / 1e3, e.count / n_prof) for e in sorted(ev, key=lambda e: -t(e))[:8]]}
+
+
+def profile_rows(ev, gpu):
+    """(the rows that add up to the time, the matrix products among them) of torch.profiler's key_averages()."""
+    if not gpu:
+        return ev, [e for e in ev if e.key in ("aten::mm", "aten::addmm")]
+    from torch.autograd import DeviceType   # on a GPU the kernels alone: an op's device time is its kernels', which
+    ev = [e for e in ev if e.device_type == DeviceType.CUDA]   # have rows of their own; a CUDA graph's replay has
+    return ev, [e for e in ev if re.search(r"gemm|gemv|nvjet|cutlass|xmma", e.key)]   # no ops; cuBLAS's kernels
 
 
 def profiler_clock(device):
@@ -206,7 +215,8 @@ def show_profile(name, r):
     fixed = " (fixed-shape cache)" if r.get("cache") == "StaticKVCache" else ""
     print(f"{name}{fixed}: a cached token takes {r['step_ms']:.2f} ms, the floor {r['floor_ms']:.2f} ms (medians of "
           f"{r['steps']} alternating timings): {r['floor_ms'] / r['step_ms']:.0%} of the bound")
-    print(f"  profiled, per token: {r['profiled_ms']:.2f} ms of {r['clock']} time in {r['ops']:.0f} ops; matrix "
+    unit = "kernels" if r["clock"] == "GPU" else "ops"
+    print(f"  profiled, per token: {r['profiled_ms']:.2f} ms of {r['clock']} time in {r['ops']:.0f} {unit}; matrix "
           f"products {r['mm_ms']:.2f} ms ({r['mm_ms'] / r['profiled_ms']:.0%}), the same products back to back "
           f"{r['mm_floor_ms']:.2f} ms; the rest {r['profiled_ms'] - r['mm_ms']:.2f} ms")
     for key, ms, calls in r["top"]:

@@ -260,8 +260,9 @@ def save_sharded(path, model, optimizer, info, master, wait=True):
         barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optim_sd["param_groups"]]
-        if world > 1 and not SAVE_GROUP:   # training's collectives stay on the default group, never interleaved
-            SAVE_GROUP.append(dist.new_group(backend="gloo"))
+        if dist.is_initialized() and not SAVE_GROUP:   # training's collectives stay on the default group, never
+            SAVE_GROUP.append(dist.new_group(backend="gloo"))   # interleaved; and async_save needs a CPU backend,
+            # which NCCL's default group lacks (one GPU under torchrun too)
         future = dcp.async_save({"model": model_sd, "optimizer": optim_sd["state"]}, checkpoint_id=tmp,
                                 no_dist=world == 1, process_group=SAVE_GROUP[0] if SAVE_GROUP else None)
     except (OSError, RuntimeError, CheckpointException) as e:   # the last: dcp's, a BaseException

@@ -185,6 +185,25 @@ def test_bench_profile_breaks_a_cached_token_down():
     show_profile("hrm_nt4", r)   # prints without error
 
 
+def test_bench_profile_on_a_gpu_counts_each_kernel_once():
+    """On a GPU, torch.profiler gives an op's row the device time of the kernels it launched, and each kernel a row
+    of its own; inside a CUDA graph the kernels have no op at all. --profile sums the kernels alone and finds the
+    matrix products by cuBLAS's kernel names (an H200's profile counted every kernel twice before)."""
+    from types import SimpleNamespace as E
+    from torch.autograd import DeviceType
+    from bench import profile_rows
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+    ev = [E(key="aten::mm", device_type=cpu), E(key="## Call CompiledFxGraph abc", device_type=cpu),
+          E(key="nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT", device_type=gpu),
+          E(key="void gemv2T_kernel_val<int, int, __nv_bfloat16>", device_type=gpu),
+          E(key="triton_poi_fused_add_mul_0", device_type=gpu)]
+    rows, mms = profile_rows(ev, gpu=True)
+    assert [e.key[:6] for e in rows] == ["nvjet_", "void g", "triton"] and [e.key[:6] for e in mms] == ["nvjet_",
+                                                                                                    "void g"]
+    rows, mms = profile_rows(ev, gpu=False)   # the CPU's ops: their self time excludes their children's
+    assert rows == ev and [e.key for e in mms] == ["aten::mm"]
+
+
 def test_bench_profile_command(tmp_path):
     rows, p = run_bench("tf_l2", tmp_path, "--profile")
     assert [r["model"] for r in rows] == ["tf_l2"] and "of the bound" in p.stdout and "aten::mm" in p.stdout

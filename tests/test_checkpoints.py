@@ -786,3 +786,26 @@ def test_atomic_write_is_whole_or_nothing(tmp_path):
     with atomic_write(str(path)) as f:
         f.write("new")
     assert path.read_text() == "new" and os.listdir(tmp_path) == ["f.json"]
+
+
+def test_a_sharded_save_needs_no_cpu_backend_in_the_default_group(tmp_path, monkeypatch):
+    """Under torchrun on GPUs the default process group is NCCL's, which has no CPU backend, and dcp.async_save
+    refuses such a group, even for one rank (found on an H200: FSDP on 1 rank failed its first save). Here a
+    default group that claims CUDA alone, as NCCL's does, on the CPU: the save goes through its own gloo group."""
+    import torch.distributed as dist
+    from hrmlm import checkpoint
+    from model import ModelConfig, build_model
+    if "cudaonly" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("cudaonly", lambda store, rank, size, timeout: dist.ProcessGroupGloo(
+            store, rank, size, timeout), devices=["cuda"])
+    monkeypatch.setattr(checkpoint, "SAVE_GROUP", [])
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: None)   # NCCL's runs on a GPU; with one rank, a no-op
+    dist.init_process_group("cudaonly", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = build_model(ModelConfig(arch="transformer", n_layer=1, n_embd=16, n_head=2, vocab_size=8,
+                                        block_size=8))
+        path = str(tmp_path / "ckpt_last.dcp")
+        checkpoint.save_sharded(path, model, torch.optim.AdamW(model.parameters()), {"iter_num": 7}, master=True)
+        assert checkpoint.read_info(path)["iter_num"] == 7
+    finally:
+        dist.destroy_process_group()

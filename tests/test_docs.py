@@ -309,3 +309,14 @@ def test_readme_reading_path_counts_are_the_files():
     assert len(quoted) >= 3, quoted
     for name, n in quoted:
         assert sum(1 for _ in open(os.path.join(ROOT, name))) == int(n), (name, n)
+
+
+def test_every_relative_link_in_the_docs_exists():
+    """A Markdown link to a file of the repository ([log](../experiments/logs/x.log)) resolves from the page that
+    holds it: a page moved, or a log linked from the wrong folder, fails here rather than on a reader's click."""
+    tracked = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    broken = [(page, target) for page in tracked.split()
+              for target in re.findall(r"\]\(([^)#\s]+)", open(os.path.join(ROOT, page)).read())
+              if not re.match(r"[a-z]+:", target)
+              and not os.path.exists(os.path.join(ROOT, os.path.dirname(page), target))]
+    assert not broken, broken
