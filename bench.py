@@ -161,9 +161,9 @@ def measure_inference(model, cfg, p, device, dtype, g, spec):
 def profile_decoding(model, cfg, p, device, dtype, g, spec, n_prof=32):
     """--profile: where a cached token's time goes. One-token steps timed alternately with the floor (the same
     weight matrix-vector products back to back), so the machine's drift hits both alike; then n_prof steps under
-    torch.profiler: per token, the ops' time and count, and the share in matrix products. spec["static"]: against
-    engine.StaticKVCache, compiled (spec["compile"]) with fixed shapes in mode "reduce-overhead" (CUDA graphs on
-    a GPU; on a CPU that mode compiles as the default one does)."""
+    torch.profiler: per token, the ops' (a GPU's kernels') time and count, and the share in matrix products.
+    spec["static"]: against engine.StaticKVCache, compiled (spec["compile"]) with fixed shapes in mode
+    "reduce-overhead" (CUDA graphs on a GPU; on a CPU that mode compiles as the default one does)."""
     from torch.profiler import profile
     kv, static = policy_of(model, spec.get("kv", "full")), spec.get("static", False)   # kv as in the table
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
@@ -198,8 +198,10 @@ def profile_rows(ev, gpu):
     if not gpu:
         return ev, [e for e in ev if e.key in ("aten::mm", "aten::addmm")]
     from torch.autograd import DeviceType   # on a GPU the kernels alone: an op's device time is its kernels', which
-    ev = [e for e in ev if e.device_type == DeviceType.CUDA]   # have rows of their own; a CUDA graph's replay has
-    return ev, [e for e in ev if re.search(r"gemm|gemv|nvjet|cutlass|xmma", e.key)]   # no ops; cuBLAS's kernels
+    ev = [e for e in ev if e.device_type == DeviceType.CUDA   # have rows of their own, and a CUDA graph's replay
+          and not getattr(e, "is_user_annotation", False)]   # has no ops; its record_function ranges mirrored there
+    return ev, [e for e in ev if re.search(r"gemm|gemv|nvjet|xmma|splitKreduce", e.key)   # cuBLAS's kernels, and
+                and not re.search(r"flash|fmha|sdpa|attention", e.key)]   # not attention's (cutlass inside)
 
 
 def profiler_clock(device):
@@ -307,7 +309,7 @@ def main(argv=None):
                          "slots and CHANGE the output (HRM; UniTF: last; Transformers always full)")
     ap.add_argument("--profile", action="store_true",
                     help="instead of the table, per model: a cached token's time against the matvec floor (timed "
-                         "alternately), then torch.profiler's ops per token")
+                         "alternately), then torch.profiler's ops (a GPU's kernels) per token")
     ap.add_argument("--static_cache", action="store_true",
                     help="with --profile: decode against a fixed-shape cache (engine.StaticKVCache, the same tokens), "
                          "compiled by --compile in mode reduce-overhead: CUDA graphs on a GPU, plain compile on a CPU")
