@@ -320,3 +320,12 @@ def test_every_relative_link_in_the_docs_exists():
               if not re.match(r"[a-z]+:", target)
               and not os.path.exists(os.path.join(ROOT, os.path.dirname(page), target))]
     assert not broken, broken
+
+
+def test_readme_test_count_is_what_pytest_collects():
+    """The README quotes how many tests run outside `slow`: it must be what pytest collects today."""
+    quoted = int(re.search(r"Run the tests \((\d+) outside `slow`", open(os.path.join(ROOT, "README.md")).read())[1])
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    collected = re.search(r"(\d+)(?:/\d+)? tests? collected", p.stdout)
+    assert collected and int(collected[1]) == quoted, p.stdout[-500:]
