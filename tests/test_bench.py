@@ -197,11 +197,12 @@ def test_bench_profile_on_a_gpu_counts_each_kernel_once():
           E(key="nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT", device_type=gpu),
           E(key="void gemv2T_kernel_val<int, int, __nv_bfloat16>", device_type=gpu),
           E(key="void cublasLt::splitKreduce_kernel<32, 16, int, float>", device_type=gpu),
-          E(key="void flash_fwd_kernel<Flash_fwd_kernel_traits<cutlass::bfloat16_t>>", device_type=gpu),
+          E(key="fmha_cutlassF_bf16_aligned_64x64_rf_sm80(AttentionKernel<cutlass::gemm::GemmShape<64>>)",
+            device_type=gpu),
           E(key="## Call CompiledFxGraph abc", device_type=gpu, is_user_annotation=True),
           E(key="triton_poi_fused_add_mul_0", device_type=gpu)]
     rows, mms = profile_rows(ev, gpu=True)
-    assert [e.key[:6] for e in rows] == ["nvjet_", "void g", "void c", "void f", "triton"]
+    assert [e.key[:6] for e in rows] == ["nvjet_", "void g", "void c", "fmha_c", "triton"]
     assert [e.key[:6] for e in mms] == ["nvjet_", "void g", "void c"]
     rows, mms = profile_rows(ev, gpu=False)   # the CPU's ops: their self time excludes their children's
     assert rows == ev and [e.key for e in mms] == ["aten::mm"]
