@@ -229,11 +229,14 @@ def all_jobs():
 
 
 def next_jobs(workers):
-    """The unfinished jobs of the first groups that have any, enough to keep `workers` busy."""
+    """The unfinished jobs of the first group that has any, and from the groups after it just enough to make
+    a multiple of `workers`, so no core idles beside a lone run (3 runs, 2 workers: the next group's first run
+    comes along). The plan is made again after each batch, as finished runs unlock later phases."""
     todo = []
     for g in groups():
-        todo += [(d, c) for d, c in g if not sweep.finished(d) and (d, c) not in todo]
-        if len(todo) >= workers:
+        new = [(d, c) for d, c in g if not sweep.finished(d) and (d, c) not in todo]
+        todo += new[:-len(todo) % workers] if todo else new
+        if todo and len(todo) % workers == 0:
             break
     return todo
 

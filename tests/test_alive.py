@@ -181,3 +181,23 @@ def test_resume_refuses_a_change_in_alpha_and_taus_own_group(saved, now, refused
     assert bool(errors) == refused, errors
     if refused:
         assert f"resume with --scalar_lr_mult={saved:g}" in errors[0]
+
+
+def test_next_jobs_fills_the_last_round_from_the_next_groups(monkeypatch):
+    """The runner re-plans after each batch: a batch of 3 runs on 2 workers would leave a core idle beside the
+    third, so the next group's first run comes along; finished runs are never planned."""
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import alive
+    import sweep
+    gs = [[("a", 0), ("b", 0), ("c", 0)], [("d", 0), ("e", 0)], [("f", 0)]]
+    monkeypatch.setattr(alive, "groups", lambda: gs)
+    monkeypatch.setattr(sweep, "finished", lambda d: d == "b")
+    assert [d for d, _ in alive.next_jobs(2)] == ["a", "c"]           # a round of 2: nothing to fill
+    monkeypatch.setattr(sweep, "finished", lambda d: False)
+    assert [d for d, _ in alive.next_jobs(2)] == ["a", "b", "c", "d"]   # e waits for the next plan
+    assert [d for d, _ in alive.next_jobs(4)] == ["a", "b", "c", "d"]
+    assert [d for d, _ in alive.next_jobs(5)] == ["a", "b", "c", "d", "e"]   # groups short of a round: all of them
+    gs[1:] = [[("d", 0)]]
+    assert [d for d, _ in alive.next_jobs(2)] == ["a", "b", "c", "d"]
