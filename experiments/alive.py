@@ -322,6 +322,14 @@ def selection_table():
     print()
 
 
+def read_on(arm, remedy, k, seed):
+    """The run whose checkpoint a reading of (arm, remedy, k, seed) comes from: the run itself, or, for section 9's
+    committed runs (logs only), their reruns (phase_r). Which is the case where an arm's choice is section 9's."""
+    d = job(arm, remedy, k, seed)[0]
+    return job(arm, "paper", k, seed, name=f"{arm}-rerun")[0] if arm in HRM_ARMS and d == ep.job(arm, k, seed)[0] \
+        else d
+
+
 def section9_dirs(arm):
     return [job(arm, "paper", ep.shown_k(arm)[0], s)[0] for s in SEEDS] if ep.shown_k(arm)[0] is not None else []
 
@@ -345,7 +353,8 @@ def test_table():
            [(a, f"{a} (section 9)", f"alive HRM vs section 9's HRM ({a[4:].upper()})") for a in HRM_ARMS] + \
            [("hrm-nt8 at lr 1.25e-3", "hrm-nt8 (section 9)", "HRM NT=8 d=128: lr 1.25e-3 vs section 9's 1e-2"),
             ("hrm-nt8 at lr 1.25e-3", "tf-d128", "HRM NT=8 d=128 at lr 1.25e-3 vs Transformer")]
-    rows = [(a, b, q) for a, b, q in rows if a in table and b in table]
+    same = [f"{a} (section 9)" for a in HRM_ARMS if chosen(a) == ("paper", ep.shown_k(a)[0])]   # the same runs
+    rows = [(a, b, q) for a, b, q in rows if a in table and b in table and b not in same]
     if not table:
         return
     print(f"### Alive HRM at the test seeds ({', '.join(map(str, SEEDS))}): each arm's choice, {ep.ITERS} iterations\n")
@@ -355,11 +364,11 @@ def test_table():
         arm = name.split()[0]
         c = chosen(arm) if name in HRM_ARMS + TF_ARMS else ("paper", WIDTH[1]) if "1.25e-3" in name else \
             ("paper", ep.shown_k(arm)[0])
-        dirs = [job(arm, *c, s, name="hrm-nt8-width" if "1.25e-3" in name else None)[0] for s in SEEDS]
+        dirs = [job(arm, *c, s, name="hrm-nt8-width")[0] if "1.25e-3" in name else read_on(arm, *c, s)
+                for s in SEEDS]
         cells = alive_cells([d for d in dirs if sweep.finished(d)]) if "hrm" in name else "- | - | -"
-        if name.endswith("(section 9)"):   # no checkpoints: the readings are the reruns'
-            cells = alive_cells([d for d in (job(arm, "paper", c[1], s, name=f"{arm}-rerun")[0] for s in SEEDS)
-                                 if sweep.finished(d)]) + " (reruns)"
+        if "rerun" in dirs[0]:   # section 9's runs have no checkpoints: the readings are the reruns'
+            cells += " (reruns)"
         print(f"| {name} | {c[0]}, {ep.lr_text(ep.lr_of(arm, c[1]))} | {len(vals)} | {ms(list(vals.values()))} | "
               f"{cells} |")
     print()
@@ -410,8 +419,7 @@ def sweep_table():
 
 def readings_table():
     """Depth at inference and the KV cache policies on the test runs' checkpoints (mean over the seeds read)."""
-    groups = [(name, [job(arm, *chosen(arm), s)[0] for s in SEEDS]) for name, arm in
-              [(a, a) for a in HRM_ARMS if chosen(a)]] + \
+    groups = [(a, [read_on(a, *chosen(a), s) for s in SEEDS]) for a in HRM_ARMS if chosen(a)] + \
              [(f"{a} (section 9, reruns)", [job(a, "paper", ep.shown_k(a)[0], s, name=f"{a}-rerun")[0] for s in SEEDS])
               for a in HRM_ARMS if ep.shown_k(a)[0] is not None] + \
              [("hrm-nt8 at lr 1.25e-3", [d for d, _ in phase_w()])]

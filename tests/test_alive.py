@@ -201,3 +201,41 @@ def test_next_jobs_fills_the_last_round_from_the_next_groups(monkeypatch):
     assert [d for d, _ in alive.next_jobs(5)] == ["a", "b", "c", "d", "e"]   # groups short of a round: all of them
     gs[1:] = [[("d", 0)]]
     assert [d for d, _ in alive.next_jobs(2)] == ["a", "b", "c", "d"]
+
+
+def test_a_choice_that_is_section_9s_setting_is_read_on_its_reruns(monkeypatch, tmp_path, capsys):
+    """Where an arm's choice is the paper's setting at section 9's lr, its test runs are section 9's committed runs
+    (logs, no checkpoints): the readings come from their reruns, and the alive HRM is not tested against itself."""
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import alive
+    import equalparam as ep
+    import sweep
+    arm, k = "hrm-nt8-d256", -2
+    monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
+    monkeypatch.setattr(ep, "shown_k", lambda a: (k, True) if a == arm else (None, False))
+    monkeypatch.setattr(alive, "chosen", lambda a: ("paper", k) if a == arm else None)
+
+    def commit(out_dir, ce, reading=None):
+        d = tmp_path / sweep.log_dir(out_dir)
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps({"diverged": False, "final_val": ce, "command": f"x --seed={s}"}))
+        (d / "log.jsonl").write_text(json.dumps({"iter": 2000, "val_loss": ce, "alpha_L": 0.5, "alpha_H": 0.5}) + "\n")
+        if reading:
+            (d / "alive.json").write_text(json.dumps(reading))
+
+    for i, s in enumerate(sweep.SEEDS):
+        commit(ep.job(arm, k, s)[0], 1.70 + i / 100)   # section 9's run: no checkpoint, no reading
+        commit(alive.job(arm, "paper", k, s, name=f"{arm}-rerun")[0], 1.71,
+               {"off_both": 1.3, "off_L": 1.2, "off_H": 0.01, "alpha_L": 0.18, "alpha_H": -0.001, "h_frozen": 0.9,
+                "depth": [{"varied": "N", "ce": 2.0 + f} for f in sweep.DEPTHS]})
+    assert alive.job(arm, "paper", k, sweep.SEEDS[0])[0] == ep.job(arm, k, sweep.SEEDS[0])[0]
+    alive.test_table()
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith(f"| {arm} |"))
+    assert "0.180 ± 0.000 / -0.001 ± 0.000 | +1.200 ± 0.000, +0.010 ± 0.000, +1.300 ± 0.000 | +0.900" in row, row
+    assert row.endswith("(reruns) |")
+    assert "vs section 9's HRM (NT8-D256)" not in out   # the same runs: no test of a model against itself
+    alive.readings_table()
+    assert f"| {arm} | 3 | " in capsys.readouterr().out   # depth at inference, read on the reruns too
