@@ -112,20 +112,22 @@ x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
 try:
     with precision_context(device_type, dtype):
         for _ in range(num_samples):
-            t0, pending = time.time(), []
+            t0, pending, t1 = time.time(), [], None
             sys.stdout.write(decode(ids))
             for t in stream(model, x, max_new_tokens, temperature, top_k or None, use_cache, kv):
                 if signalled:   # a signal whose KeyboardInterrupt Python dropped (it landed in a finaliser)
                     raise KeyboardInterrupt
                 pending.append(t[0, 0].item())
+                t1 = t1 or time.time()   # the first token carries the prompt's prefill and a first call's warm-up
                 text = decode(pending)   # a token may end inside a character (BPE splits bytes): it decodes as
                 if not text.endswith("\ufffd"):   # U+FFFD until the next token completes it, so it waits for them
                     print(text, end="", flush=True)
                     pending = []
             print(decode(pending), flush=True)
-            dt = time.time() - t0
-            print(f"--------------- ({max_new_tokens} tokens in {dt:.2f} s, {max_new_tokens / max(dt, 1e-9):.1f} "
-                  f"tok/s, {f'cached, kv={kv}' if use_cache else 'full recompute'})", file=sys.stderr)
+            t2 = time.time()
+            then = f"; after the first, {(max_new_tokens - 1) / max(t2 - t1, 1e-9):.1f} tok/s" if max_new_tokens > 1 else ""
+            print(f"--------------- ({max_new_tokens} tokens in {t2 - t0:.2f} s, {max_new_tokens / max(t2 - t0, 1e-9):.1f} "
+                  f"tok/s{then}; {f'cached, kv={kv}' if use_cache else 'full recompute'})", file=sys.stderr)
 except KeyboardInterrupt:   # what was printed stays printed
     print(flush=True)
     signum = signalled[0] if signalled else signal.SIGINT

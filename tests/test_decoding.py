@@ -2,6 +2,7 @@
 decoding is the same with and without it, sampling is seeded; and sample.py on a tiny checkpoint."""
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -391,6 +392,10 @@ def test_greedy_identical_with_and_without_cache(ckpt_dir):
     assert a.stdout.startswith("ROMEO:") and len(a.stdout) > 40
     assert a.stdout == b.stdout
     assert "cached, kv=full" in a.stderr and "full recompute" in b.stderr
+    # the rate after the first token apart: the first carries the prefill and a first call's warm-up
+    n, secs, rate, then = re.search(r"\((\d+) tokens in ([\d.]+) s, ([\d.]+) tok/s; after the first, ([\d.]+) "
+                                    r"tok/s; cached", a.stderr).groups()
+    assert int(n) == 48 and abs(float(rate) - 48 / float(secs)) <= 0.05 * float(rate) + 0.1 and float(then) > 0
     c = sample(*common, "--kv=fired")   # a shared cache: text of its own, said so on stderr
     assert c.returncode == 0 and c.stdout.startswith("ROMEO:") and "cached, kv=fired" in c.stderr, c.stderr
 
