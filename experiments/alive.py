@@ -24,7 +24,8 @@ Phases (hyperparameters are chosen on seeds 7 and 8, which no test uses):
   B. the runner-up rule for every arm: the best and the runner-up (remedy, lr) with seed 8 too; the chosen one is
      the lower 2-seed mean. For HRM only alive runs compete: both blocks off must cost >= ALIVE nats at seed 7.
   C. the test: each arm's choice at seeds 1337, 42, 2024 (paired by seed with the Transformer of its width).
-  W. the width control: HRM NT=8 at d=128 at lr 1.25e-3 (d=256's lr), the paper's setting, the test seeds.
+  W. the width control: HRM NT=8 at d=128 at lr 1.25e-3 (d=256's lr), the paper's setting, the test seeds;
+     paired with section 9's d=256 runs (the same setting and lr) and read against d=256's reruns.
   BPE: the BPE testbed's post-norm HRM and Transformer at their best 400-iteration lr for 2000 iterations, and the
        Transformer at 1e-3 too (bpe_runs).
   S (first): sections 2-5's HRM (the sweep's hrm-post and hrm-pre at their best lr, 3 seeds) again, for readings.
@@ -352,7 +353,8 @@ def test_table():
     rows = [(a, TF_OF[a], f"alive HRM {a[4:].upper()} vs Transformer ({TF_OF[a]})") for a in HRM_ARMS] + \
            [(a, f"{a} (section 9)", f"alive HRM vs section 9's HRM ({a[4:].upper()})") for a in HRM_ARMS] + \
            [("hrm-nt8 at lr 1.25e-3", "hrm-nt8 (section 9)", "HRM NT=8 d=128: lr 1.25e-3 vs section 9's 1e-2"),
-            ("hrm-nt8 at lr 1.25e-3", "tf-d128", "HRM NT=8 d=128 at lr 1.25e-3 vs Transformer")]
+            ("hrm-nt8 at lr 1.25e-3", "tf-d128", "HRM NT=8 d=128 at lr 1.25e-3 vs Transformer"),
+            ("hrm-nt8-d256 (section 9)", "hrm-nt8 at lr 1.25e-3", "the paper's setting at lr 1.25e-3: d=256 vs d=128")]
     same = [f"{a} (section 9)" for a in HRM_ARMS if chosen(a) == ("paper", ep.shown_k(a)[0])]   # the same runs
     rows = [(a, b, q) for a, b, q in rows if a in table and b in table and b not in same]
     if not table:
@@ -384,8 +386,7 @@ def test_table():
 
 def reruns_table():
     """Section 9's HRM runs trained again for their checkpoints: the committed CE, the rerun's, and what it reads."""
-    got = [(arm, s, job(arm, "paper", ep.shown_k(arm)[0], s, name=f"{arm}-rerun")[0], d)
-           for arm in HRM_ARMS for s, d in zip(SEEDS, section9_dirs(arm))]
+    got = [(arm, s, rerun, d) for arm in HRM_ARMS for s, (rerun, _), d in zip(SEEDS, phase_r(arm), section9_dirs(arm))]
     got = [g for g in got if sweep.finished(g[2])]
     if not got:
         return
@@ -420,8 +421,7 @@ def sweep_table():
 def readings_table():
     """Depth at inference and the KV cache policies on the test runs' checkpoints (mean over the seeds read)."""
     groups = [(a, [read_on(a, *chosen(a), s) for s in SEEDS]) for a in HRM_ARMS if chosen(a)] + \
-             [(f"{a} (section 9, reruns)", [job(a, "paper", ep.shown_k(a)[0], s, name=f"{a}-rerun")[0] for s in SEEDS])
-              for a in HRM_ARMS if ep.shown_k(a)[0] is not None] + \
+             [(f"{a} (section 9, reruns)", [d for d, _ in phase_r(a)]) for a in HRM_ARMS if phase_r(a)] + \
              [("hrm-nt8 at lr 1.25e-3", [d for d, _ in phase_w()])]
     groups = [(n, [r for r in map(reading, ds) if r]) for n, ds in groups]
     groups = [(n, rs) for n, rs in groups if rs]

@@ -230,9 +230,12 @@ def test_a_choice_that_is_section_9s_setting_is_read_on_its_reruns(monkeypatch, 
         commit(alive.job(arm, "paper", k, s, name=f"{arm}-rerun")[0], 1.71,
                {"off_both": 1.3, "off_L": 1.2, "off_H": 0.01, "alpha_L": 0.18, "alpha_H": -0.001, "h_frozen": 0.9,
                 "depth": [{"varied": "N", "ce": 2.0 + f} for f in sweep.DEPTHS]})
+        commit(alive.phase_w()[i][0], 1.80 + 2 * i / 100)   # the width control at d=128
     assert alive.job(arm, "paper", k, sweep.SEEDS[0])[0] == ep.job(arm, k, sweep.SEEDS[0])[0]
     alive.test_table()
     out = capsys.readouterr().out
+    width = next(line for line in out.splitlines() if line.startswith(f"| {arm} (section 9) | hrm-nt8 at lr 1.25e-3 |"))
+    assert "| -0.110 [-0.135, -0.085], p = 0.003 |" in width, width   # paired by seed: -0.10, -0.11, -0.12
     row = next(line for line in out.splitlines() if line.startswith(f"| {arm} |"))
     assert "0.180 ± 0.000 / -0.001 ± 0.000 | +1.200 ± 0.000, +0.010 ± 0.000, +1.300 ± 0.000 | +0.900" in row, row
     assert row.endswith("(reruns) |")
