@@ -28,13 +28,15 @@ Phases (hyperparameters are chosen on seeds 7 and 8, which no test uses):
      paired with section 9's d=256 runs (the same setting and lr) and read against d=256's reruns.
   BPE: the BPE testbed's post-norm HRM and Transformer at their best 400-iteration lr for 2000 iterations, and the
        Transformer at 1e-3 too (bpe_runs).
-  S (first): sections 2-5's HRM (the sweep's hrm-post and hrm-pre at their best lr, 3 seeds) again, for readings.
+  S (first): sections 2-5's HRM (the sweep's hrm-post and hrm-pre at their best lr, 3 seeds) again, for readings;
+     (last) sections 4, 6 and 7's HRM again too: the BPE sweep's, the long run's and beyond_paper.py's (earlier).
 Readings: for every finished HRM run, alive.json beside its log (from its last checkpoint, 64 validation sequences
 of 128 characters): alpha_L, alpha_H, val CE, and the CE cost of the Fast block off, the Slow block off, both off
 (analyze.py's alive readings), of z_H frozen (H-frozen), val CE at 0.5x-4x the trained depth; for test-seed runs
 also token-by-token decoding's CE under each KV cache policy (full, last, fired).
 """
 
+import argparse
 import json
 import os
 import sys
@@ -103,7 +105,8 @@ def reading(out_dir):
              "depth": depth_table(model, batches, "cpu", sweep.DEPTHS)}
         steps, r["fusion"] = step_stats(model, batches, "cpu")
         r["gate_L"] = sum(x["gate"] for x in steps) / len(steps)   # the Fast module's mean gate g over the steps
-        if int(sweep.seed_of(out_dir)) in SEEDS and "bpe" not in out_dir:   # a test run: decoding's CE by policy too
+        if int(sweep.seed_of(out_dir)) in SEEDS and out_dir.split(os.sep)[1].startswith("hrm-nt"):   # decoding's CE
+            # by policy too, for the headline arms' test runs (docs/RESULTS.md section 10's depth/KV table)
             r["kv"] = {kv: decode_ce(model, batches, "cpu", kv) for kv in ("full", "last", "fired")}
         from hrmlm.common import atomic_write
         with atomic_write(path) as f:
@@ -186,13 +189,37 @@ def phase_r(arm):
     return [] if k is None else [job(arm, "paper", k, s, name=f"{arm}-rerun") for s in SEEDS]
 
 
-SWEEP = ("hrm-post", "hrm-pre")   # sections 2-5's HRM: the character sweep's variants at their best 400-iteration lr
+SWEEP = ("hrm-post", "hrm-pre")   # sections 2-6's HRM: the character sweep's variants
 
 
-def phase_s():
-    """Sections 2-5's HRM runs again (the sweep's commands, 3 seeds each) for the checkpoints its logs lack."""
-    return [sweep.command("char", v, sweep.best_lr("char", v), s, out=OUT) for v in SWEEP for s in SEEDS
-            if sweep.best_lr("char", v) is not None]   # None: the sweep's logs are not here
+def earlier():
+    """Sections 2-7's HRM runs again, for the checkpoints their logs lack, as [(section, variant, lr, seed, committed
+    out_dir, (rerun out_dir, command))]: sections 2-5's character sweep and section 4's BPE sweep (hrm-post and
+    hrm-pre at their best 400-iteration lr), section 6's long run (4000 iterations at its chosen lr) and section 7's
+    variants (lr 3e-3, 300 iterations). A section is left out where its runner's logs are not here."""
+    import long_run
+    import beyond_paper as bp
+    out = []
+    for sec, tb, pick, iters, root in (("2-5", "char", lambda v: sweep.best_lr("char", v), None, OUT),
+                                       ("4", "bpe", lambda v: sweep.best_lr("bpe", v), None, f"{OUT}/s4"),
+                                       ("6", "char", long_run.chosen, long_run.ITERS, f"{OUT}/s6")):
+        for v in SWEEP:
+            if (lr := pick(v)) is not None:
+                out += [(sec, v, lr, s, sweep.command(tb, v, lr, s, iters=iters, out=long_run.OUT if iters else
+                                                      sweep.OUT)[0], sweep.command(tb, v, lr, s, iters=iters, out=root))
+                        for s in SEEDS]
+    args = argparse.Namespace(out=bp.OUT, max_iters=300, data_dir="data")   # beyond_paper.py's defaults
+    for v in bp.VARIANTS:
+        for s in bp.SEEDS:
+            if bp.finished(bp.command(args, v, s)[0]):
+                out.append(("7", v, 3e-3, s, bp.command(args, v, s)[0],
+                            bp.command(argparse.Namespace(**{**vars(args), "out": f"{OUT}/s7"}), v, s)))
+    return out
+
+
+def phase_s(sections=("2-5",)):
+    """The runs of earlier() in the given sections; sections 2-5's first (the first HRM section 10 read)."""
+    return [rerun for sec, *_, rerun in earlier() if sec in sections]
 
 
 BPE = ("hrm-post", "transformer-post")   # the BPE testbed's post-norm HRM and Transformer: a stall, or slow?
@@ -222,7 +249,8 @@ def groups():
     return [phase_s(), phase_a("hrm-nt8"), phase_a("tf-d128"), phase_b("hrm-nt8") + phase_b("tf-d128"),
             phase_c("hrm-nt8") + phase_c("tf-d128"), phase_r("hrm-nt8"), phase_w(), phase_bpe(),
             *[f(arm) for arm in ("hrm-nt4", "hrm-nt12") for f in (phase_a, phase_b, phase_c, phase_r)],
-            *[f(arm) for f in (phase_a, phase_b, phase_c) for arm in ("hrm-nt8-d256", "tf-d256")], phase_r("hrm-nt8-d256")]
+            *[f(arm) for f in (phase_a, phase_b, phase_c) for arm in ("hrm-nt8-d256", "tf-d256")], phase_r("hrm-nt8-d256"),
+            phase_s(("7", "4")), phase_s(("6",))]
 
 
 def all_jobs():
@@ -400,21 +428,18 @@ def reruns_table():
     print()
 
 
-def sweep_table():
-    """Sections 2-5's HRM, trained again (400 iterations at the best lr): committed and rerun CE, and its readings."""
-    got = [(v, s, sweep.command("char", v, sweep.best_lr("char", v), s)[0]) for v in SWEEP for s in SEEDS
-           if sweep.best_lr("char", v) is not None]
-    got = [(v, s, d, d.replace(sweep.OUT, OUT, 1)) for v, s, d in got]
-    got = [g for g in got if sweep.finished(g[3])]
+def earlier_table():
+    """Sections 2-7's HRM, trained again (earlier()): the committed and rerun CE, and what the rerun reads."""
+    got = [g for g in earlier() if sweep.finished(g[5][0])]
     if not got:
         return
-    print("### Sections 2-5's HRM (400 iterations at its best lr), trained again for its checkpoints: is its "
-          "recurrence alive?\n")
-    print("| variant | lr | seed | val CE, committed | val CE, rerun | alpha_L / alpha_H | blocks off: Fast, Slow, both "
-          "| H frozen |\n|---|---|---|---|---|---|---|---|")
-    for v, s, d, rerun in got:
-        print(f"| {v} | {ep.lr_text(sweep.best_lr('char', v))} | {s} | {sweep.cell(d)} | {sweep.cell(rerun)} | "
-              f"{alive_cells([rerun])} |")
+    print("### Sections 2-7's HRM, trained again for its checkpoints: is its recurrence alive?\n")
+    print("Sections 2-5: the character sweep (400 iterations at the best lr); 4: the BPE sweep (400 iterations); 6: the "
+          "long run (4000 iterations); 7: beyond the paper (N=4, T=2, 300 iterations).\n")
+    print("| section | variant | lr | seed | val CE, committed | val CE, rerun | alpha_L / alpha_H | blocks off: Fast, "
+          "Slow, both | H frozen |\n|---|---|---|---|---|---|---|---|---|")
+    for sec, v, lr, s, d, (rerun, _) in got:
+        print(f"| {sec} | {v} | {ep.lr_text(lr)} | {s} | {sweep.cell(d)} | {sweep.cell(rerun)} | {alive_cells([rerun])} |")
     print()
 
 
@@ -464,7 +489,7 @@ def tables():
     test_table()
     readings_table()
     reruns_table()
-    sweep_table()
+    earlier_table()
     bpe_table()
     done = [d for d, _ in all_jobs() if sweep.finished(d)]
     from long_run import train_seconds

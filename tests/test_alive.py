@@ -242,3 +242,25 @@ def test_a_choice_that_is_section_9s_setting_is_read_on_its_reruns(monkeypatch, 
     assert "vs section 9's HRM (NT8-D256)" not in out   # the same runs: no test of a model against itself
     alive.readings_table()
     assert f"| {arm} | 3 | " in capsys.readouterr().out   # depth at inference, read on the reruns too
+
+
+def test_earlier_reruns_are_the_committed_commands_in_folders_of_their_own():
+    """Sections 2-7's HRM is trained again for its checkpoints: each rerun must be its committed run's command with
+    only out_dir changed, in a folder no other run of alive.py uses (section 10's 2000-iteration BPE runs share
+    testbed, variant, lr and seed with section 4's)."""
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import alive
+    import sweep
+    got = alive.earlier()
+    assert sorted({sec for sec, *_ in got}) == ["2-5", "4", "6", "7"] and len(got) == 6 + 6 + 6 + 19
+    for sec, v, lr, s, d, (rerun, cmd) in got:
+        committed = sweep.facts(d)["command"].split()[1:]
+        assert cmd[1:] == [a.replace(d, rerun) for a in committed], (sec, v, s)
+    reruns = [rerun for *_, (rerun, _) in got]
+    commands = {}   # one command per out_dir across every phase (a phase may list another's run again, never alter it)
+    for d, cmd in (j for g in alive.groups() for j in g):
+        assert commands.setdefault(d, cmd) == cmd, d
+    assert len(set(reruns)) == len(reruns)
+    assert not {sweep.log_dir(r) for r in reruns} & {sweep.log_dir(d) for *_, d, _ in got}
