@@ -29,7 +29,8 @@ Phases (hyperparameters are chosen on seeds 7 and 8, which no test uses):
   BPE: the BPE testbed's post-norm HRM and Transformer at their best 400-iteration lr for 2000 iterations, and the
        Transformer at 1e-3 too (bpe_runs).
   S (first): sections 2-5's HRM (the sweep's hrm-post and hrm-pre at their best lr, 3 seeds) again, for readings;
-     (last) sections 4, 6 and 7's HRM again too: the BPE sweep's, the long run's and beyond_paper.py's (earlier).
+     (last) sections 3, 4, 6 and 7's HRM again too: the HRM controls, the BPE sweep's, the long run's and
+     beyond_paper.py's (earlier).
 Readings: for every finished HRM run, alive.json beside its log (from its last checkpoint, 64 validation sequences
 of 128 characters): alpha_L, alpha_H, val CE, and the CE cost of the Fast block off, the Slow block off, both off
 (analyze.py's alive readings), of z_H frozen (H-frozen), val CE at 0.5x-4x the trained depth; for test-seed runs
@@ -190,20 +191,24 @@ def phase_r(arm):
 
 
 SWEEP = ("hrm-post", "hrm-pre")   # sections 2-6's HRM: the character sweep's variants
+CONTROLS = ("hrm_fast_only-post", "hrm_fast_only_wide-post", "hrm_clip1-post", "hrm_rdepth-post")   # section 3's
 
 
 def earlier():
     """Sections 2-7's HRM runs again, for the checkpoints their logs lack, as [(section, variant, lr, seed, committed
     out_dir, (rerun out_dir, command))]: sections 2-5's character sweep and section 4's BPE sweep (hrm-post and
-    hrm-pre at their best 400-iteration lr), section 6's long run (4000 iterations at its chosen lr) and section 7's
+    hrm-pre at their best 400-iteration lr), section 3's HRM controls (the same), section 6's long run (4000 iterations at its chosen lr) and section 7's
     variants (lr 3e-3, 300 iterations). A section is left out where its runner's logs are not here."""
     import long_run
     import beyond_paper as bp
     out = []
-    for sec, tb, pick, iters, root in (("2-5", "char", lambda v: sweep.best_lr("char", v), None, OUT),
-                                       ("4", "bpe", lambda v: sweep.best_lr("bpe", v), None, f"{OUT}/s4"),
-                                       ("6", "char", long_run.chosen, long_run.ITERS, f"{OUT}/s6")):
-        for v in SWEEP:
+    char = lambda v: sweep.best_lr("char", v)   # noqa: E731
+    for sec, tb, variants, pick, iters, root in (
+            ("2-5", "char", SWEEP, char, None, OUT), ("4", "bpe", SWEEP, lambda v: sweep.best_lr("bpe", v), None,
+                                                      f"{OUT}/s4"),
+            ("6", "char", SWEEP, long_run.chosen, long_run.ITERS, f"{OUT}/s6"), ("3", "char", CONTROLS, char, None,
+                                                                                  f"{OUT}/s3")):
+        for v in variants:
             if (lr := pick(v)) is not None:
                 out += [(sec, v, lr, s, sweep.command(tb, v, lr, s, iters=iters, out=long_run.OUT if iters else
                                                       sweep.OUT)[0], sweep.command(tb, v, lr, s, iters=iters, out=root))
@@ -250,7 +255,7 @@ def groups():
             phase_c("hrm-nt8") + phase_c("tf-d128"), phase_r("hrm-nt8"), phase_w(), phase_bpe(),
             *[f(arm) for arm in ("hrm-nt4", "hrm-nt12") for f in (phase_a, phase_b, phase_c, phase_r)],
             *[f(arm) for f in (phase_a, phase_b, phase_c) for arm in ("hrm-nt8-d256", "tf-d256")], phase_r("hrm-nt8-d256"),
-            phase_s(("7", "4")), phase_s(("6",))]
+            phase_s(("4", "7", "3")), phase_s(("6",))]
 
 
 def all_jobs():
@@ -434,7 +439,8 @@ def earlier_table():
     if not got:
         return
     print("### Sections 2-7's HRM, trained again for its checkpoints: is its recurrence alive?\n")
-    print("Sections 2-5: the character sweep (400 iterations at the best lr); 4: the BPE sweep (400 iterations); 6: the "
+    print("Sections 2-5: the character sweep (400 iterations at the best lr); 3: its HRM controls (the same); 4: the BPE "
+          "sweep (400 iterations); 6: the "
           "long run (4000 iterations); 7: beyond the paper (N=4, T=2, 300 iterations).\n")
     print("| section | variant | lr | seed | val CE, committed | val CE, rerun | alpha_L / alpha_H | blocks off: Fast, "
           "Slow, both | H frozen |\n|---|---|---|---|---|---|---|---|---|")
