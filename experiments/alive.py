@@ -204,10 +204,9 @@ def earlier():
     out = []
     char = lambda v: sweep.best_lr("char", v)   # noqa: E731
     for sec, tb, variants, pick, iters, root in (
-            ("2-5", "char", SWEEP, char, None, OUT), ("4", "bpe", SWEEP, lambda v: sweep.best_lr("bpe", v), None,
-                                                      f"{OUT}/s4"),
-            ("6", "char", SWEEP, long_run.chosen, long_run.ITERS, f"{OUT}/s6"), ("3", "char", CONTROLS, char, None,
-                                                                                  f"{OUT}/s3")):
+            ("2-5", "char", SWEEP, char, None, OUT), ("3", "char", CONTROLS, char, None, f"{OUT}/s3"),
+            ("4", "bpe", SWEEP, lambda v: sweep.best_lr("bpe", v), None, f"{OUT}/s4"),
+            ("6", "char", SWEEP, long_run.chosen, long_run.ITERS, f"{OUT}/s6")):
         for v in variants:
             if (lr := pick(v)) is not None:
                 out += [(sec, v, lr, s, sweep.command(tb, v, lr, s, iters=iters, out=long_run.OUT if iters else
@@ -310,7 +309,9 @@ def run(workers):
 # --- tables, from the committed logs and readings alone -------------------------------------------
 
 def ms(vals, fmt=".3f"):
-    """'mean ± sd' of the values (one value: itself)."""
+    """'mean ± sd' of the values (one value: itself; '-' where there are none, as a Slow block a model lacks)."""
+    if all(v is None for v in vals):
+        return "-"
     m, sd, n = sweep.mean_sd(vals)
     return f"{m:{fmt}}" + (f" ± {sd:.3f}" if n > 1 else "")
 

@@ -264,3 +264,20 @@ def test_earlier_reruns_are_the_committed_commands_in_folders_of_their_own():
         assert commands.setdefault(d, cmd) == cmd, d
     assert len(set(reruns)) == len(reruns)
     assert not {sweep.log_dir(r) for r in reruns} & {sweep.log_dir(d) for *_, d, _ in got}
+
+
+def test_a_model_without_a_slow_block_shows_a_dash_for_it(monkeypatch, tmp_path):
+    """Section 3's Fast module alone has no Slow block: its readings hold None for alpha_H and its cost, and the
+    tables print '-' there (a mean over None was a crash)."""
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import alive
+    import sweep
+    monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
+    out_dir = os.path.join("out-alive", "s3", "char", "hrm_fast_only-post", "lr3e-3-s1337")
+    d = tmp_path / sweep.log_dir(out_dir)
+    d.mkdir(parents=True)
+    (d / "alive.json").write_text(json.dumps({"alpha_L": 0.115, "alpha_H": None, "off_L": 0.409, "off_H": None,
+                                              "off_both": 0.409, "h_frozen": 0.0}))
+    assert alive.alive_cells([out_dir]) == "0.115 / - | +0.409, -, +0.409 | +0.000"
