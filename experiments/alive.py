@@ -197,8 +197,9 @@ CONTROLS = ("hrm_fast_only-post", "hrm_fast_only_wide-post", "hrm_clip1-post", "
 def earlier():
     """Sections 2-7's HRM runs again, for the checkpoints their logs lack, as [(section, variant, lr, seed, committed
     out_dir, (rerun out_dir, command))]: sections 2-5's character sweep and section 4's BPE sweep (hrm-post and
-    hrm-pre at their best 400-iteration lr), section 3's HRM controls (the same), section 6's long run (4000 iterations at its chosen lr) and section 7's
-    variants (lr 3e-3, 300 iterations). A section is left out where its runner's logs are not here."""
+    hrm-pre at their best 400-iteration lr), section 3's HRM controls (the same), section 6's long run (4000
+    iterations at its chosen lr) and section 7's variants (lr 3e-3, 300 iterations). A section is left out where its
+    runner's logs are not here."""
     import long_run
     import beyond_paper as bp
     out = []
@@ -213,11 +214,11 @@ def earlier():
                                                       sweep.OUT)[0], sweep.command(tb, v, lr, s, iters=iters, out=root))
                         for s in SEEDS]
     args = argparse.Namespace(out=bp.OUT, max_iters=300, data_dir="data")   # beyond_paper.py's defaults
+    again = argparse.Namespace(**{**vars(args), "out": f"{OUT}/s7"})
     for v in bp.VARIANTS:
         for s in bp.SEEDS:
-            if bp.finished(bp.command(args, v, s)[0]):
-                out.append(("7", v, 3e-3, s, bp.command(args, v, s)[0],
-                            bp.command(argparse.Namespace(**{**vars(args), "out": f"{OUT}/s7"}), v, s)))
+            if bp.finished(d := bp.command(args, v, s)[0]):
+                out.append(("7", v, 3e-3, s, d, bp.command(again, v, s)))   # lr: config/char_testbed.py's
     return out
 
 
@@ -441,8 +442,7 @@ def earlier_table():
         return
     print("### Sections 2-7's HRM, trained again for its checkpoints: is its recurrence alive?\n")
     print("Sections 2-5: the character sweep (400 iterations at the best lr); 3: its HRM controls (the same); 4: the BPE "
-          "sweep (400 iterations); 6: the "
-          "long run (4000 iterations); 7: beyond the paper (N=4, T=2, 300 iterations).\n")
+          "sweep (400 iterations); 6: the long run (4000 iterations); 7: beyond the paper (N=4, T=2, 300 iterations).\n")
     print("| section | variant | lr | seed | val CE, committed | val CE, rerun | alpha_L / alpha_H | blocks off: Fast, "
           "Slow, both | H frozen |\n|---|---|---|---|---|---|---|---|---|")
     for sec, v, lr, s, d, (rerun, _) in got:
