@@ -56,6 +56,7 @@ if kv not in KV_POLICIES or (kv != "full" and not use_cache):
 if num_samples < 1 or max_new_tokens < 0:
     fail("num_samples must be >= 1 and max_new_tokens >= 0")
 device = usable_device(device)
+torch.backends.cuda.enable_cudnn_sdp(False)   # it builds a graph per new length, i.e. per token (docs/BENCHMARKS.md)
 device_type = "cuda" if device.startswith("cuda") else "cpu"
 dtype = auto_dtype(dtype, device_type)
 if dtype not in DTYPES:

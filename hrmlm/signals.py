@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 
 SIGNALLED = 128   # a script stopped by signal n exits with 128 + n, as a shell reports it
@@ -44,12 +45,13 @@ class Signals(list):
 
 def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=True, defer=None, speak=True):
     """The first signal raises KeyboardInterrupt in the main thread, so `with` and `finally` clean up; at the top it
-    is the line '<prog>: error: interrupted by SIGTERM<describe()>'. A library may swallow it (torch's import):
-    insist raises it again every half second, or (insist=False: prepare.py's staging folder) the script calls
-    check() between chunks. defer (train.py's loop): the first is only noted and `defer` printed. A second signal,
-    or GRACE_S s without stopping (not with defer), ends the process after cleanup(), even inside a long C call
-    where no handler runs: a thread reads the wakeup fd. speak=False (torchrun's ranks but 0): no line. leave=False
-    (prepare.main called by a test): stop() raises SystemExit carrying the line. Returns the Signals list."""
+    is the line '<prog>: error: interrupted by SIGTERM<describe()>'. Inside an import (torch's pybind11 code may abort
+    on it) cleanup() and the line come at once instead. A library may swallow it: insist raises it again every half
+    second, or (insist=False: prepare.py's staging folder) the script calls check() between chunks. defer
+    (train.py's loop): the first is only noted and `defer` printed. A second signal, or GRACE_S s without stopping
+    (not with defer), ends the process after cleanup(), even inside a long C call where no handler runs: a thread
+    reads the wakeup fd. speak=False (torchrun's ranks but 0): no line. leave=False (prepare.main called by a
+    test): stop() raises SystemExit carrying the line. Returns the Signals list."""
     got, done, one_line = Signals(), threading.Event(), threading.Lock()
     got.done, RECEIVED[:] = done, [got]
     prog = prog or os.path.basename(sys.argv[0])
@@ -83,6 +85,10 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
         got.append(signum)
         if defer:
             return
+        if leave and any(f.f_code.co_filename.startswith("<frozen importlib") for f, _ in traceback.walk_stack(frame)):
+            with contextlib.suppress(OSError):   # in an import: raised through torch's (pybind11), an exception can
+                cleanup and cleanup()             # abort the process (SIGABRT, no line); leave now: it writes nothing
+            stop()
         warnings.simplefilter("ignore")   # what a library warns of as the interrupt unwinds it (numpy's import cut
         if insist:                        # in two, retried by torch's) is noise beside the line
             signal.signal(REPEAT, on_repeat)

@@ -91,7 +91,7 @@ def in_process(script, *args):
     when the script is not the main program) is its stderr. A subprocess costs 3 s of importing torch, so tests
     keep a few cases of each script as subprocesses (exit status, no traceback) and run the rest here. Put back
     after it: signal handlers and the wakeup fd, the exception hooks, sys.argv, the working directory, torch's
-    thread count (1 while it runs, as ENV gives a subprocess). Its os._exit(n) (common.fail's now=True) is a
+    thread count (1 while it runs, as ENV gives a subprocess), cuDNN attention's switch. Its os._exit(n) (common.fail's now=True) is a
     SystemExit(n) here, which must not end the test process."""
     import contextlib
     import gc
@@ -101,6 +101,7 @@ def in_process(script, *args):
     from hrmlm.signals import STOP_SIGNALS
     saved, argv, cwd, os_exit = {s: signal.getsignal(s) for s in STOP_SIGNALS}, sys.argv, os.getcwd(), os._exit
     hooks, threads, wakeup = (sys.excepthook, sys.unraisablehook), torch.get_num_threads(), signal.set_wakeup_fd(-1)
+    cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()   # sample.py turns cuDNN's attention off
     torch.set_num_threads(1)   # as ENV's OMP_NUM_THREADS=1 gives a subprocess: the same numbers
     sys.argv, out, err, code = [os.path.join(ROOT, script), *args], io.StringIO(), io.StringIO(), 0
     os.chdir(ROOT)
@@ -119,6 +120,7 @@ def in_process(script, *args):
         gc.collect()   # what the script held dies now (train.py's out_dir lock, kept by a SystemExit's frames)
         signal.set_wakeup_fd(wakeup)   # train.py's watcher thread of signals (StopSignals) hears no more
         torch.set_num_threads(threads)
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
         os.chdir(cwd)
         for s, h in saved.items():
             signal.signal(s, h)

@@ -200,6 +200,18 @@ def test_a_warning_as_the_signal_unwinds_is_not_printed():
     assert (proc.returncode, proc.stderr) == (128 + signal.SIGTERM, "w: error: interrupted by SIGTERM\n")
 
 
+def test_a_signal_inside_an_import_leaves_at_once(tmp_path):
+    """An exception raised through torch's import (pybind11 code) can abort the process: SIGABRT and no line (CI
+    caught it ~1 run in 5 of the test above). A signal inside any import ends the script at once, with the one line:
+    no KeyboardInterrupt is raised there, so the importer's `finally` never runs."""
+    (tmp_path / "slow_import.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\n"
+                                             "time.sleep(5)\n")
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from hrmlm.signals import exit_on_signals\n"
+            "exit_on_signals('w')\ntry:\n    import slow_import\nfinally:\n    print('finally ran')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (128 + signal.SIGTERM, "", "w: error: interrupted by SIGTERM\n")
+
+
 def test_a_second_signal_ends_a_script_whose_library_swallows_the_first():
     """A library that swallows KeyboardInterrupt and retries (here each second): the repeats of the first signal
     come on a signal of their own, so a second SIGTERM is never taken for one of them, and ends the script at

@@ -400,6 +400,19 @@ def test_greedy_identical_with_and_without_cache(ckpt_dir):
     assert c.returncode == 0 and c.stdout.startswith("ROMEO:") and "cached, kv=fired" in c.stderr, c.stderr
 
 
+def test_sample_decodes_without_cudnn_attention(ckpt_dir, monkeypatch):
+    """cuDNN's attention costs a graph build at each new length, i.e. at every decoded token (6x on an H200)."""
+    seen, real = [], engine.stream
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        yield from real(*args, **kwargs)
+    monkeypatch.setattr(engine, "stream", spy)
+    p = sample(f"--out_dir={ckpt_dir}", "--num_samples=2", "--max_new_tokens=3")
+    assert p.returncode == 0 and seen == [False, False], p.stderr
+    assert torch.backends.cuda.cudnn_sdp_enabled()   # in_process put the process's setting back
+
+
 def test_sampling_is_seeded(ckpt_dir):
     common = [f"--out_dir={ckpt_dir}", "--num_samples=2", "--max_new_tokens=20"]
     a, b, c = sample(*common, "--seed=7"), sample(*common, "--seed=7"), sample(*common, "--seed=8")
