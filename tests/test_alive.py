@@ -264,6 +264,8 @@ def test_earlier_reruns_are_the_committed_commands_in_folders_of_their_own():
         assert commands.setdefault(d, cmd) == cmd, d
     assert len(set(reruns)) == len(reruns)
     assert not {sweep.log_dir(r) for r in reruns} & {sweep.log_dir(d) for *_, d, _ in got}
+    unread = [r for r in reruns if not os.path.exists(alive.alive_path(r))]   # every arm RESULTS compares has its
+    assert not unread, unread                                                  # alphas and blocks-off costs
 
 
 def test_a_model_without_a_slow_block_shows_a_dash_for_it(monkeypatch, tmp_path):
