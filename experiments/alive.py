@@ -197,22 +197,24 @@ CONTROLS = ("hrm_fast_only-post", "hrm_fast_only_wide-post", "hrm_clip1-post", "
 def earlier():
     """Sections 2-7's HRM runs again, for the checkpoints their logs lack, as [(section, variant, lr, seed, committed
     out_dir, (rerun out_dir, command))]: sections 2-5's character sweep and section 4's BPE sweep (hrm-post and
-    hrm-pre at their best 400-iteration lr), section 3's HRM controls (the same), section 6's long run (4000
-    iterations at its chosen lr) and section 7's variants (lr 3e-3, 300 iterations). A section is left out where its
-    runner's logs are not here."""
+    hrm-pre at their best 400-iteration lr), section 3's HRM controls (the same), section 5's K ablation (post-norm
+    HRM with K = 1 and K = 4 at its best lr), section 6's long run (4000 iterations at its chosen lr) and section
+    7's variants (lr 3e-3, 300 iterations). A section is left out where its runner's logs are not here."""
     import long_run
     import beyond_paper as bp
     out = []
     char = lambda v: sweep.best_lr("char", v)   # noqa: E731
+    k_ablation = [("hrm-post", [f"--K={k}"], f"-K{k}") for k in (1, 4)]   # K = 2 is sections 2-5's own run
     for sec, tb, variants, pick, iters, root in (
             ("2-5", "char", SWEEP, char, None, OUT), ("3", "char", CONTROLS, char, None, f"{OUT}/s3"),
             ("4", "bpe", SWEEP, lambda v: sweep.best_lr("bpe", v), None, f"{OUT}/s4"),
+            ("5", "char", k_ablation, char, None, f"{OUT}/s5"),
             ("6", "char", SWEEP, long_run.chosen, long_run.ITERS, f"{OUT}/s6")):
-        for v in variants:
+        for v, args, extra in ((v, (), "") if isinstance(v, str) else v for v in variants):
             if (lr := pick(v)) is not None:
-                out += [(sec, v, lr, s, sweep.command(tb, v, lr, s, iters=iters, out=long_run.OUT if iters else
-                                                      sweep.OUT)[0], sweep.command(tb, v, lr, s, iters=iters, out=root))
-                        for s in SEEDS]
+                out += [(sec, v + extra.replace("-K", " K="), lr, s, sweep.command(
+                    tb, v, lr, s, args, extra, iters=iters, out=long_run.OUT if iters else sweep.OUT)[0],
+                    sweep.command(tb, v, lr, s, args, extra, iters=iters, out=root)) for s in SEEDS]
     args = argparse.Namespace(out=bp.OUT, max_iters=300, data_dir="data")   # beyond_paper.py's defaults
     again = argparse.Namespace(**{**vars(args), "out": f"{OUT}/s7"})
     for v in bp.VARIANTS:
@@ -255,7 +257,7 @@ def groups():
             phase_c("hrm-nt8") + phase_c("tf-d128"), phase_r("hrm-nt8"), phase_w(), phase_bpe(),
             *[f(arm) for arm in ("hrm-nt4", "hrm-nt12") for f in (phase_a, phase_b, phase_c, phase_r)],
             *[f(arm) for f in (phase_a, phase_b, phase_c) for arm in ("hrm-nt8-d256", "tf-d256")], phase_r("hrm-nt8-d256"),
-            phase_s(("4", "7", "3")), phase_s(("6",))]
+            phase_s(("4", "7", "3")), phase_s(("6",)), phase_s(("5",))]
 
 
 def all_jobs():
@@ -442,7 +444,8 @@ def earlier_table():
         return
     print("### Sections 2-7's HRM, trained again for its checkpoints: is its recurrence alive?\n")
     print("Sections 2-5: the character sweep (400 iterations at the best lr); 3: its HRM controls (the same); 4: the BPE "
-          "sweep (400 iterations); 6: the long run (4000 iterations); 7: beyond the paper (N=4, T=2, 300 iterations).\n")
+          "sweep (400 iterations); 5: the K ablation (the same, K = 1 and 4); 6: the long run (4000 iterations); 7: beyond "
+          "the paper (N=4, T=2, 300 iterations).\n")
     print("| section | variant | lr | seed | val CE, committed | val CE, rerun | alpha_L / alpha_H | blocks off: Fast, "
           "Slow, both | H frozen |\n|---|---|---|---|---|---|---|---|---|")
     for sec, v, lr, s, d, (rerun, _) in got:

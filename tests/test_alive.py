@@ -254,7 +254,7 @@ def test_earlier_reruns_are_the_committed_commands_in_folders_of_their_own():
     import alive
     import sweep
     got = alive.earlier()
-    assert sorted({sec for sec, *_ in got}) == ["2-5", "3", "4", "6", "7"] and len(got) == 6 + 12 + 6 + 6 + 19
+    assert sorted({sec for sec, *_ in got}) == ["2-5", "3", "4", "5", "6", "7"] and len(got) == 6 + 12 + 6 + 6 + 6 + 19
     for sec, v, lr, s, d, (rerun, cmd) in got:
         committed = sweep.facts(d)["command"].split()[1:]
         assert cmd[1:] == [a.replace(d, rerun) for a in committed], (sec, v, s)
