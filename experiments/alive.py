@@ -61,13 +61,13 @@ HRM_START = (-2, -3)             # HRM's selection starts at the centre lr / 4 a
 WIDTH = ("hrm-nt8", -3)          # (arm, k): lr 1e-2 * 2^-3 = 1.25e-3, the paper's setting
 
 
-def job(arm, remedy, k, seed, name=None):
+def job(arm, remedy, k, seed, name=None, extra=()):
     """(out_dir, command) of one run: equalparam's arm at its centre lr times 2^k, with the remedy's overrides.
     A paper-setting run at a test seed that equalparam has committed (section 9's) counts here; every other run is
     this runner's (out-alive/<arm>-<remedy>/, or out-alive/<name>/), so that none changes section 9's selection."""
     if remedy == "paper" and seed in SEEDS and name is None and sweep.finished(ep.job(arm, k, seed)[0]):
         return ep.job(arm, k, seed)
-    d, cmd = ep.job(arm, k, seed, REMEDIES[remedy], name=name or f"{arm}-{remedy}")
+    d, cmd = ep.job(arm, k, seed, REMEDIES[remedy] + list(extra), name=name or f"{arm}-{remedy}")
     new = d.replace(ep.OUT, OUT, 1)
     return new, [f"--out_dir={new}" if a == f"--out_dir={d}" else a for a in cmd]
 
@@ -190,6 +190,13 @@ def phase_r(arm):
     return [] if k is None else [job(arm, "paper", k, s, name=f"{arm}-rerun") for s in SEEDS]
 
 
+def phase_warm():
+    """Section 9's warmup control (HRM NT=12 with the paper's warmup rule) again, as phase_r does for an arm."""
+    name, arm, extra = ep.CONTROL
+    k = ep.chosen_k(arm)
+    return [] if k is None else [job(arm, "paper", k, s, name=f"{name}-rerun", extra=extra) for s in SEEDS]
+
+
 SWEEP = ("hrm-post", "hrm-pre")   # sections 2-6's HRM: the character sweep's variants
 CONTROLS = ("hrm_fast_only-post", "hrm_fast_only_wide-post", "hrm_clip1-post", "hrm_rdepth-post")   # section 3's
 
@@ -257,7 +264,7 @@ def groups():
             phase_c("hrm-nt8") + phase_c("tf-d128"), phase_r("hrm-nt8"), phase_w(), phase_bpe(),
             *[f(arm) for arm in ("hrm-nt4", "hrm-nt12") for f in (phase_a, phase_b, phase_c, phase_r)],
             *[f(arm) for f in (phase_a, phase_b, phase_c) for arm in ("hrm-nt8-d256", "tf-d256")], phase_r("hrm-nt8-d256"),
-            phase_s(("4", "7", "3")), phase_s(("6",)), phase_s(("5",))]
+            phase_s(("4", "7", "3")), phase_s(("6",)), phase_s(("5",)), phase_warm()]
 
 
 def all_jobs():
@@ -424,6 +431,7 @@ def test_table():
 def reruns_table():
     """Section 9's HRM runs trained again for their checkpoints: the committed CE, the rerun's, and what it reads."""
     got = [(arm, s, rerun, d) for arm in HRM_ARMS for s, (rerun, _), d in zip(SEEDS, phase_r(arm), section9_dirs(arm))]
+    got += [(ep.CONTROL[0], s, rerun, ep.control_job(s)[0]) for s, (rerun, _) in zip(SEEDS, phase_warm())]
     got = [g for g in got if sweep.finished(g[2])]
     if not got:
         return

@@ -245,9 +245,9 @@ def test_a_choice_that_is_section_9s_setting_is_read_on_its_reruns(monkeypatch, 
 
 
 def test_earlier_reruns_are_the_committed_commands_in_folders_of_their_own():
-    """Sections 2-7's HRM is trained again for its checkpoints: each rerun must be its committed run's command with
-    only out_dir changed, in a folder no other run of alive.py uses (section 10's 2000-iteration BPE runs share
-    testbed, variant, lr and seed with section 4's)."""
+    """Sections 2-7's HRM (and section 9's warmup control) is trained again for its checkpoints: each rerun must be
+    its committed run's command with only out_dir changed, in a folder no other run of alive.py uses (section 10's
+    2000-iteration BPE runs share testbed, variant, lr and seed with section 4's), and read."""
     import sys
     from conftest import ROOT
     sys.path.insert(0, os.path.join(ROOT, "experiments"))
@@ -259,6 +259,11 @@ def test_earlier_reruns_are_the_committed_commands_in_folders_of_their_own():
         committed = sweep.facts(d)["command"].split()[1:]
         assert cmd[1:] == [a.replace(d, rerun) for a in committed], (sec, v, s)
     reruns = [rerun for *_, (rerun, _) in got]
+    for s, (rerun, cmd) in zip(alive.SEEDS, alive.phase_warm()):   # section 9's warmup control, as phase_r's arms
+        committed = alive.ep.control_job(s)[0]
+        assert cmd[1:] == [a.replace(committed, rerun) for a in sweep.facts(committed)["command"].split()[1:]], s
+        reruns.append(rerun)
+    assert len(reruns) == len(got) + 3
     commands = {}   # one command per out_dir across every phase (a phase may list another's run again, never alter it)
     for d, cmd in (j for g in alive.groups() for j in g):
         assert commands.setdefault(d, cmd) == cmd, d
