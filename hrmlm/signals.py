@@ -70,14 +70,18 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
                 sys.stderr.flush()
         os._exit(SIGNALLED + n)   # past the interpreter's exit, which waits for threads still working
 
-    def end(first, how):   # whatever the main thread is stuck in (a long C call: its handler never ran): leave now
+    def end(first, how=""):   # whatever the main thread is stuck in (a long C call: its handler never ran): leave now
         if done.is_set():
             return
         if not got:
             got.append(first)
         with contextlib.suppress(OSError):
             cleanup and cleanup()
-        stop(f" ({how})")
+        stop(f" ({how})" if how else "")
+
+    def importing(frame):   # a KeyboardInterrupt raised through torch's import (pybind11) can abort the process
+        stack = traceback.walk_stack(frame)
+        return leave and any(f.f_code.co_filename.startswith("<frozen importlib") for f, _ in stack)
 
     def on_signal(signum, frame):
         if done.is_set() or got:   # stopping already, or a second one (the watcher ends the process)
@@ -85,10 +89,8 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
         got.append(signum)
         if defer:
             return
-        if leave and any(f.f_code.co_filename.startswith("<frozen importlib") for f, _ in traceback.walk_stack(frame)):
-            with contextlib.suppress(OSError):   # in an import: raised through torch's (pybind11), an exception can
-                cleanup and cleanup()             # abort the process (SIGABRT, no line); leave now: it writes nothing
-            stop()
+        if importing(frame):   # SIGABRT and no line: leave now instead (an import writes nothing)
+            end(signum)
         warnings.simplefilter("ignore")   # what a library warns of as the interrupt unwinds it (numpy's import cut
         if insist:                        # in two, retried by torch's) is noise beside the line
             signal.signal(REPEAT, on_repeat)
@@ -96,6 +98,8 @@ def exit_on_signals(prog=None, cleanup=None, describe=None, insist=True, leave=T
 
     def on_repeat(signum, frame):   # watch's repeat of the first, on a signal of its own: never taken for a second
         if got and not done.is_set():
+            if importing(frame):
+                end(got[0])
             raise KeyboardInterrupt
 
     def watch(r):

@@ -210,6 +210,15 @@ def test_a_signal_inside_an_import_leaves_at_once(tmp_path):
             "exit_on_signals('w')\ntry:\n    import slow_import\nfinally:\n    print('finally ran')\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout, proc.stderr) == (128 + signal.SIGTERM, "", "w: error: interrupted by SIGTERM\n")
+    # the same where the signal came before and a library swallowed it (and its first repeat, at once) for 0.3 s:
+    # the next repeat, half a second on, lands inside the import
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(5)\n")
+    code = code.replace("exit_on_signals('w')\n", "exit_on_signals('w')\nimport os, signal, threading, time\n"
+                        "threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
+                        "t = time.time()\nwhile time.time() < t + 0.3:\n"
+                        "    try:\n        time.sleep(0.01)\n    except KeyboardInterrupt:\n        pass\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (128 + signal.SIGTERM, "", "w: error: interrupted by SIGTERM\n")
 
 
 def test_a_second_signal_ends_a_script_whose_library_swallows_the_first():
