@@ -211,15 +211,14 @@ def earlier():
     import beyond_paper as bp
     out = []
     char = lambda v: sweep.best_lr("char", v)   # noqa: E731
-    k_ablation = [("hrm-post", [f"--K={k}"], f"-K{k}") for k in (1, 4)]   # K = 2 is sections 2-5's own run
     for sec, tb, variants, pick, iters, root in (
             ("2-5", "char", SWEEP, char, None, OUT), ("3", "char", CONTROLS, char, None, f"{OUT}/s3"),
             ("4", "bpe", SWEEP, lambda v: sweep.best_lr("bpe", v), None, f"{OUT}/s4"),
-            ("5", "char", k_ablation, char, None, f"{OUT}/s5"),
+            ("5", "char", sweep.K_ABLATION, char, None, f"{OUT}/s5"),   # K = 2 is sections 2-5's own run
             ("6", "char", SWEEP, long_run.chosen, long_run.ITERS, f"{OUT}/s6")):
         for v, args, extra in ((v, (), "") if isinstance(v, str) else v for v in variants):
             if (lr := pick(v)) is not None:
-                out += [(sec, v + extra.replace("-K", " K="), lr, s, sweep.command(
+                out += [(sec, " ".join([v, *(a.lstrip("-") for a in args)]), lr, s, sweep.command(
                     tb, v, lr, s, args, extra, iters=iters, out=long_run.OUT if iters else sweep.OUT)[0],
                     sweep.command(tb, v, lr, s, args, extra, iters=iters, out=root)) for s in SEEDS]
     args = argparse.Namespace(out=bp.OUT, max_iters=300, data_dir="data")   # beyond_paper.py's defaults

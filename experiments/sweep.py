@@ -510,10 +510,13 @@ def seed_runs(testbed):
             if best_lr(testbed, v) is not None for s in SEEDS[1:]]
 
 
+K_ABLATION = [("hrm-post", [f"--K={k}"], f"-K{k}") for k in (1, 4)]   # (variant, overrides, out_dir suffix)
+
+
 def k_runs():
     """The K ablation: post-norm HRM at its best character-level lr with K = 1 and K = 4 (= M), 3 seeds."""
     lr = best_lr("char", "hrm-post")
-    return [] if lr is None else [command("char", "hrm-post", lr, s, [f"--K={k}"], f"-K{k}") for k in (1, 4)
+    return [] if lr is None else [command("char", v, lr, s, args, extra) for v, args, extra in K_ABLATION
                                   for s in SEEDS]
 
 
