@@ -91,8 +91,8 @@ def in_process(script, *args):
     when the script is not the main program) is its stderr. A subprocess costs 3 s of importing torch, so tests
     keep a few cases of each script as subprocesses (exit status, no traceback) and run the rest here. Put back
     after it: signal handlers and the wakeup fd, the exception hooks, sys.argv, the working directory, torch's
-    thread count (1 while it runs, as ENV gives a subprocess), cuDNN attention's switch. Its os._exit(n) (common.fail's now=True) is a
-    SystemExit(n) here, which must not end the test process."""
+    thread count (1 while it runs, as ENV gives a subprocess), cuDNN attention's switch. Its os._exit(n)
+    (common.fail's now=True) is a SystemExit(n) here, which must not end the test process."""
     import contextlib
     import gc
     import io
