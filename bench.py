@@ -15,7 +15,7 @@ Each phase of each model runs in a fresh process: on the CPU its peak resident m
     measured) and with the cache; bound: what cached/recompute would be if a cached token cost only its weight
     matrix-vector products (each weight read once per block application: the floor at batch 1)
   - training: one forward+backward with the model's K (no optimiser step); MFU from the FLOPs that really run
-    (hrmlm/flops.py) against a matmul peak measured in this run (CUDA: also the datasheet bf16 peak), and beside
+    (hrmlm/common.py) against a matmul peak measured in this run (CUDA: also the datasheet bf16 peak), and beside
     it, labelled, the MFU of the paper's FLOP model (S(M + 2K) C for HRM, (M + 2K) C for UniTF, 3 L C for the
     Transformer, C = B n (32 d^2 + 4 n d)), which leaves out HRM's gates, Slow module and no-grad steps' extras.
 Model weights are random: latency and memory do not depend on their values.
@@ -30,17 +30,20 @@ import subprocess
 import sys
 import time
 
-if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on (subprocess.run ends a worker with it)
-    from hrmlm.signals import exit_on_signals
-    exit_on_signals()
+from hrmlm import signals
+
+if __name__ == "__main__":   # before torch's import (seconds): a signal is one line, at once
+    signals.guard("bench.py")
 
 import torch  # noqa: E402
+from torch.autograd import DeviceType  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from hrmlm.common import (DTYPES, HelpFormatter, check_output_path, fail, precision_context, sync, timed,
-                          usable_device)  # noqa: E402
-from hrmlm import engine
-from hrmlm.flops import counted_train_flops, datasheet_tflops, measure_peak_tflops, train_flops
-from model import ModelConfig, build_model
+from hrmlm import engine  # noqa: E402
+from hrmlm.common import (DTYPES, HelpFormatter, UserError, check_output_path, counted_train_flops,  # noqa: E402
+                          datasheet_tflops, measure_peak_tflops, precision_context, sync, timed, train_flops,
+                          usable_device)
+from model import ModelConfig, build_model  # noqa: E402
 
 V = 50257
 # the paper's Latency/GenSpeed rows (d=4096 unless noted)
@@ -164,7 +167,6 @@ def profile_decoding(model, cfg, p, device, dtype, g, spec, n_prof=32):
     torch.profiler: per token, the ops' (a GPU's kernels') time and count, and the share in matrix products.
     spec["static"]: against engine.StaticKVCache, compiled (spec["compile"]) with fixed shapes in mode
     "reduce-overhead" (CUDA graphs on a GPU; on a CPU that mode compiles as the default one does)."""
-    from torch.profiler import profile
     kv, static = policy_of(model, spec.get("kv", "full")), spec.get("static", False)   # kv as in the table
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
     _, products = floor_products(model, prompt, device, dtype, g)
@@ -197,9 +199,9 @@ def profile_rows(ev, gpu):
     """(the rows that add up to the time, the matrix products among them) of torch.profiler's key_averages()."""
     if not gpu:
         return ev, [e for e in ev if e.key in ("aten::mm", "aten::addmm")]
-    from torch.autograd import DeviceType   # on a GPU the kernels alone: an op's device time is its kernels', which
-    ev = [e for e in ev if e.device_type == DeviceType.CUDA   # have rows of their own, and a CUDA graph's replay
-          and not getattr(e, "is_user_annotation", False)]   # has no ops; its record_function ranges mirrored there
+    # on a GPU the kernels alone: an op's device time is its kernels', which have rows of their own, and a CUDA
+    ev = [e for e in ev if e.device_type == DeviceType.CUDA   # graph's replay has no ops; its record_function
+          and not getattr(e, "is_user_annotation", False)]   # ranges mirrored there
     return ev, [e for e in ev if re.search(r"gemm|gemv|nvjet|xmma|splitKreduce", e.key)   # cuBLAS's kernels, and
                 and not re.search(r"flash|fmha|sdpa|attention", e.key)]   # not attention's (cutlass inside)
 
@@ -207,7 +209,6 @@ def profile_rows(ev, gpu):
 def profiler_clock(device):
     """--profile's (what torch.profiler records, an op's own time in microseconds, the clock's name): on a GPU its
     kernels, timed there (the ops' CPU time is launch cost, not work), else the CPU's."""
-    from torch.profiler import ProfilerActivity
     if device.startswith("cuda"):
         return [ProfilerActivity.CPU, ProfilerActivity.CUDA], (lambda e: e.self_device_time_total), "GPU"
     return [ProfilerActivity.CPU], (lambda e: e.self_cpu_time_total), "CPU"
@@ -321,24 +322,21 @@ def main(argv=None):
         print(json.dumps(worker(args._worker, json.loads(args._spec))))
         return
     if args.static_cache and not args.profile:
-        fail("--static_cache measures the one-token step: add --profile (the table's generation uses the growing "
-             "cache, whose shapes change with every token)")
+        raise UserError("--static_cache measures the one-token step: add --profile (the table's generation uses the "
+                        "growing cache, whose shapes change with every token)")
     device = usable_device(args.device)
     args.preset = args.preset or default_preset(device)
     names = [n for m in args.models.split(",") if m.strip() for n in (BEYOND if m.strip() == "beyond" else [m.strip()])]
     unknown = [m for m in names if m not in ROWS]
     if unknown or not names:   # "--models=," or "--models=": nothing to measure is a mistake, not a success
-        fail((f"unknown model(s) {unknown}" if unknown else f"--models={args.models!r} names no model") +
-             f"; choose from {', '.join(ROWS)} (or beyond)")
+        raise UserError((f"unknown model(s) {unknown}" if unknown else f"--models={args.models!r} names no model")
+                        + f"; choose from {', '.join(ROWS)} (or beyond)")
     if args.json:
-        try:
-            check_output_path(args.json, "--json")
-        except ValueError as e:
-            fail(str(e))
+        check_output_path(args.json, "--json")
     lacking = [m for m in names if args.kv == "fired" and ROWS[m]["arch"] == "unitf"]
     if lacking:   # as sample.py refuses it: a UniTF has no Slow firings (Transformers keep the exact cache, as said)
-        fail(f"--kv=fired does not apply to {', '.join(lacking)} (UniTF's policies: full, last); name only HRM and "
-             f"Transformer rows with --models, or use --kv=last")
+        raise UserError(f"--kv=fired does not apply to {', '.join(lacking)} (UniTF's policies: full, last); name only "
+                        f"HRM and Transformer rows with --models, or use --kv=last")
     p = PRESETS[args.preset]
     if args.preset == "paper" and device == "cpu":
         print("note: --preset=paper is sized for a GPU; on this CPU it will take very long", file=sys.stderr)
@@ -406,5 +404,5 @@ def show_table(results, seconds):
     print("KV cache sizes " + (f"DIFFER from docs/MODEL.md section 5's formula for {off}" if off else same))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":   # a worker too: subprocess.run kills it when a signal stops this process
+    signals.main(main)

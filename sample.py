@@ -12,17 +12,16 @@ import signal
 import sys
 import time
 
-from hrmlm.signals import exit_on_signals
-
-signalled = exit_on_signals()   # Ctrl-C, SIGTERM, SIGHUP: one line at any moment, loading included
+from hrmlm import signals
+signals.guard("sample.py")   # before torch's import (seconds): a signal is one line, at once
 
 import torch  # noqa: E402
 
-from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
-from hrmlm.common import DTYPES, SIGNALLED, auto_dtype, fail, precision_context, usable_device
-from configurator import configure
-from hrmlm.data import get_codec, load_meta
-from hrmlm.engine import KV_POLICIES, cache_slots, stream
+from configurator import configure  # noqa: E402
+from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from hrmlm.common import auto_dtype, get_codec, load_meta, precision_context, usable_device  # noqa: E402
+from hrmlm.engine import KV_POLICIES, cache_slots, stream  # noqa: E402
+from hrmlm.signals import SIGNALLED, UserError  # noqa: E402
 
 # -----------------------------------------------------------------------------
 init_from = "resume"         # "resume": the checkpoint in out_dir
@@ -39,98 +38,97 @@ dtype = "auto"               # "auto" (bfloat16 on CUDA, float32 on CPU), "float
 use_cache = True             # cached decoding; False re-runs the whole context for every token
 kv = "full"                  # KV cache policy: full (exact); last, fired share slots and CHANGE the output (engine.py)
 # -----------------------------------------------------------------------------
-configure(globals(), prog="sample.py")
 
 
-if init_from != "resume":
-    fail(f"init_from must be 'resume' (a checkpoint in out_dir), got {init_from!r}")
-if temperature < 0:   # a NaN or Inf: refused by the configurator
-    fail(f"temperature must be >= 0 and finite, got {temperature}")
-if 0 < temperature < 1e-4:   # logits / temperature would overflow to inf, and softmax give NaN
-    fail(f"temperature={temperature} is too small to sample with; use 0 for greedy decoding, or >= 1e-4")
-if top_k < 0:
-    fail(f"top_k must be >= 1 (or 0 for no limit), got {top_k}")
-if kv not in KV_POLICIES or (kv != "full" and not use_cache):
-    fail(f"kv must be one of {', '.join(KV_POLICIES)}" + (", with use_cache=True" if kv in KV_POLICIES else "") +
-         f", got kv={kv!r}" + ("" if use_cache else " and use_cache=False"))
-if num_samples < 1 or max_new_tokens < 0:
-    fail("num_samples must be >= 1 and max_new_tokens >= 0")
-device = usable_device(device)
-torch.backends.cuda.enable_cudnn_sdp(False)   # it builds a graph per new length, i.e. per token (docs/BENCHMARKS.md)
-device_type = "cuda" if device.startswith("cuda") else "cpu"
-dtype = auto_dtype(dtype, device_type)
-if dtype not in DTYPES:
-    fail(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+def main():
+    """The settings checked before the (slower) checkpoint, then the model and its tokenizer, then the samples."""
+    configure(globals())   # --key=value: a mistake is a UserError (configurator.py)
+    if init_from != "resume":
+        raise UserError(f"init_from must be 'resume' (a checkpoint in out_dir), got {init_from!r}")
+    if temperature < 0:   # a NaN or Inf: refused by the configurator
+        raise UserError(f"temperature must be >= 0 and finite, got {temperature}")
+    if 0 < temperature < 1e-4:   # logits / temperature would overflow to inf, and softmax give NaN
+        raise UserError(f"temperature={temperature} is too small to sample with; use 0 for greedy decoding, or >= 1e-4")
+    if top_k < 0:
+        raise UserError(f"top_k must be >= 1 (or 0 for no limit), got {top_k}")
+    if kv not in KV_POLICIES or (kv != "full" and not use_cache):
+        raise UserError(f"kv must be one of {', '.join(KV_POLICIES)}" + (", with use_cache=True" if kv in KV_POLICIES
+                        else "") + f", got kv={kv!r}" + ("" if use_cache else " and use_cache=False"))
+    if num_samples < 1 or max_new_tokens < 0:
+        raise UserError("num_samples must be >= 1 and max_new_tokens >= 0")
+    dev = usable_device(device)
+    torch.backends.cuda.enable_cudnn_sdp(False)   # it builds a graph per new length, i.e. per token (docs/BENCHMARKS.md)
+    device_type = "cuda" if dev.startswith("cuda") else "cpu"
+    precision = auto_dtype(dtype, device_type)
+    prompt = start
+    if start.startswith("FILE:"):   # read the prompt before the (slower) checkpoint, so its errors come first
+        try:
+            with open(start[5:], encoding="utf-8") as f:
+                prompt = f.read()
+        except OSError as e:
+            raise UserError(f"cannot read the prompt file {start[5:]!r}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise UserError(f"the prompt file {start[5:]!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                            f"{e.start}); give a text file") from None
 
-if start.startswith("FILE:"):   # read the prompt before the (slower) checkpoint, so its errors come first
+    path = os.path.join(out_dir, ckpt)
+    if not os.path.exists(path):
+        raise UserError(f"no checkpoint at {path}; train one first (python train.py config/shakespeare_hrm.py)")
+    checkpoint = load_checkpoint(path)   # one line for a truncated, damaged, unsafe or foreign file
+    model = model_from_checkpoint(checkpoint, path)   # and for non-finite weights
+    # the tokenizer the model was trained with: the copy of meta.json in the checkpoint (older checkpoints: the
+    # dataset's meta.json; without either, decoding through a guess would print garbage)
+    train_config = checkpoint.get("config") or {}
     try:
-        with open(start[5:], encoding="utf-8") as f:
-            start = f.read()
-    except OSError as e:
-        fail(f"cannot read the prompt file {start[5:]!r}: {e.strerror or e}")
-    except UnicodeDecodeError as e:
-        fail(f"the prompt file {start[5:]!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
-             f"give a text file")
+        meta = checkpoint.get("meta") or load_meta(train_config.get("data_dir", "data"),
+                                                   train_config.get("dataset", "shakespeare"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} carries no tokenizer (meta.json) and its dataset's cannot be read: {e}") from None
+    if meta.get("vocab_size", model.config.vocab_size) != model.config.vocab_size:
+        raise UserError(f"the model has vocab_size={model.config.vocab_size} but its dataset's meta.json says "
+                        f"{meta['vocab_size']}")
+    encode, decode = get_codec(meta)   # UserError: the GPT-2 tokenizer's package is missing
+    try:
+        cache_slots(model, kv)
+    except ValueError as e:   # a recurrence's policy asked of a Transformer
+        raise UserError(str(e)) from None
+    del checkpoint
+    model.eval().to(dev)
+    torch.manual_seed(seed)
 
-path = os.path.join(out_dir, ckpt)
-if not os.path.exists(path):
-    fail(f"no checkpoint at {path}; train one first (python train.py config/shakespeare_hrm.py)")
-try:   # one line for a truncated, unsafe or foreign file, and for non-finite weights
-    checkpoint = load_checkpoint(path)
-    model = model_from_checkpoint(checkpoint, path)
-except ValueError as e:
-    fail(str(e))
-# the tokenizer the model was trained with: the copy of meta.json in the checkpoint (older checkpoints:
-# the dataset's meta.json; without either, decoding through a guess would print garbage)
-train_config = checkpoint.get("config") or {}
-try:
-    meta = checkpoint.get("meta") or load_meta(train_config.get("data_dir", "data"),
-                                               train_config.get("dataset", "shakespeare"))
-except (OSError, ValueError) as e:
-    fail(f"{path} carries no tokenizer (meta.json) and its dataset's cannot be read: {e}")
-if meta.get("vocab_size", model.config.vocab_size) != model.config.vocab_size:
-    fail(f"the model has vocab_size={model.config.vocab_size} but its dataset's meta.json says {meta['vocab_size']}")
-try:
-    encode, decode = get_codec(meta)
-    cache_slots(model, kv)
-except ValueError as e:   # the GPT-2 tokenizer's package is missing; a recurrence's policy asked of a Transformer
-    fail(str(e))
-del checkpoint
-model.eval().to(device)
-torch.manual_seed(seed)
-
-if meta.get("tokenizer") == "char" and set(start) - set(meta["chars"]):   # encode reads them as spaces
-    print(f"note: the prompt's characters {''.join(sorted(set(start) - set(meta['chars'])))!r} are not in the "
-          f"model's {len(meta['chars'])}-character vocabulary; each is read as a space", file=sys.stderr)
-ids = encode(start) or [0 if meta.get("tokenizer") == "char" else 50256]  # "" -> <|endoftext|> (BPE)
-bs = model.config.block_size
-if len(ids) > bs:
-    print(f"note: the prompt is {len(ids)} tokens, over block_size={bs}; keeping its last {bs} tokens", file=sys.stderr)
-    ids = ids[-bs:]
-x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
+    if meta.get("tokenizer") == "char" and set(prompt) - set(meta["chars"]):   # encode reads them as spaces
+        print(f"note: the prompt's characters {''.join(sorted(set(prompt) - set(meta['chars'])))!r} are not in the "
+              f"model's {len(meta['chars'])}-character vocabulary; each is read as a space", file=sys.stderr)
+    ids = encode(prompt) or [0 if meta.get("tokenizer") == "char" else 50256]  # "" -> <|endoftext|> (BPE)
+    bs = model.config.block_size
+    if len(ids) > bs:
+        print(f"note: the prompt is {len(ids)} tokens, over block_size={bs}; keeping its last {bs} tokens",
+              file=sys.stderr)
+        ids = ids[-bs:]
+    x = torch.tensor(ids, dtype=torch.long, device=dev)[None, ...]
+    try:
+        with precision_context(device_type, precision):
+            for _ in range(num_samples):
+                t0, pending, t1 = time.time(), [], None
+                sys.stdout.write(decode(ids))
+                for t in stream(model, x, max_new_tokens, temperature, top_k or None, use_cache, kv):
+                    pending.append(t[0, 0].item())
+                    t1 = t1 or time.time()
+                    text = decode(pending)   # a token may end inside a character (BPE splits bytes): it decodes as
+                    if not text.endswith("\ufffd"):   # U+FFFD until the next token completes it, so it waits for them
+                        print(text, end="", flush=True)
+                        pending = []
+                print(decode(pending), flush=True)
+                n, t2 = max_new_tokens, time.time()   # the first token carries the prefill and a first call's warm-up
+                then = f"; after the first, {(n - 1) / max(t2 - t1, 1e-9):.1f} tok/s" if n > 1 else ""
+                print(f"--------------- ({n} tokens in {t2 - t0:.2f} s, {n / max(t2 - t0, 1e-9):.1f} tok/s{then}; "
+                      f"{f'cached, kv={kv}' if use_cache else 'full recompute'})", file=sys.stderr)
+    except KeyboardInterrupt:   # what was printed stays printed
+        print(flush=True)
+        n = signals.received[0] if signals.received else signal.SIGINT
+        raise UserError(f"interrupted by {signal.Signals(n).name}; the text above is what was generated",
+                        SIGNALLED + n) from None
 
 
-try:
-    with precision_context(device_type, dtype):
-        for _ in range(num_samples):
-            t0, pending, t1 = time.time(), [], None
-            sys.stdout.write(decode(ids))
-            for t in stream(model, x, max_new_tokens, temperature, top_k or None, use_cache, kv):
-                if signalled:   # a signal whose KeyboardInterrupt Python dropped (it landed in a finaliser)
-                    raise KeyboardInterrupt
-                pending.append(t[0, 0].item())
-                t1 = t1 or time.time()   # the first token carries the prompt's prefill and a first call's warm-up
-                text = decode(pending)   # a token may end inside a character (BPE splits bytes): it decodes as
-                if not text.endswith("\ufffd"):   # U+FFFD until the next token completes it, so it waits for them
-                    print(text, end="", flush=True)
-                    pending = []
-            print(decode(pending), flush=True)
-            t2 = time.time()
-            then = f"; after the first, {(max_new_tokens - 1) / max(t2 - t1, 1e-9):.1f} tok/s" if max_new_tokens > 1 else ""
-            print(f"--------------- ({max_new_tokens} tokens in {t2 - t0:.2f} s, {max_new_tokens / max(t2 - t0, 1e-9):.1f} "
-                  f"tok/s{then}; {f'cached, kv={kv}' if use_cache else 'full recompute'})", file=sys.stderr)
-except KeyboardInterrupt:   # what was printed stays printed
-    print(flush=True)
-    signum = signalled[0] if signalled else signal.SIGINT
-    signalled.clear()   # said here, with what it means for the text: not again at the exit
-    fail(f"interrupted by {signal.Signals(signum).name}; the text above is what was generated", code=SIGNALLED + signum)
+if __name__ == "__main__":
+    signals.main(main)

@@ -134,10 +134,12 @@ def token_by_token(model, idx, cache):
     return torch.cat([model(idx[:, t:t + 1], cache=cache, pos=t)[0] for t in range(idx.size(1))], dim=1)
 
 
-def teacher_forced(model, idx, kv):
+def teacher_forced(model, idx, kv, targets=None):
     """token_by_token under policy kv, with gradients: training with the attention the model will decode with
-    (train.py's train_kv; Huginn's remedy for a shared cache). kv="full" equals model(idx), gradients included."""
-    return token_by_token(model, idx, GrowingCache(dict(zip(applications(model), cache_slots(model, kv)))))
+    (train.py's train_kv; Huginn's remedy for a shared cache). kv="full" equals model(idx), gradients included.
+    (logits, the final pass's CE or None without targets), as model(idx, targets) returns them."""
+    logits = token_by_token(model, idx, GrowingCache(dict(zip(applications(model), cache_slots(model, kv)))))
+    return logits, None if targets is None else model.cross_entropy(logits, targets)
 
 
 def kv_cache_bytes(model, seq_len, batch_size=1, dtype=torch.float32, kv="full"):

@@ -87,18 +87,20 @@ def run_train(args, data_dir, out_dir, check=True, timeout=300, nproc=None):
 
 def in_process(script, *args):
     """python <script> <args> run in this process (runpy, as __main__, cwd the repository): a CompletedProcess with
-    the exit status of its SystemExit (0 if none) and what it printed; a stop's line (common.fail's SystemExit
-    when the script is not the main program) is its stderr. A subprocess costs 3 s of importing torch, so tests
-    keep a few cases of each script as subprocesses (exit status, no traceback) and run the rest here. Put back
+    the exit status of its SystemExit (0 if none) and what it printed (a stop's line is on its stderr). A subprocess
+    costs 3 s of importing torch, so tests keep a few cases of each script as subprocesses (exit status, no
+    traceback) and run the rest here. Put back
     after it: signal handlers and the wakeup fd, the exception hooks, sys.argv, the working directory, torch's
     thread count (1 while it runs, as ENV gives a subprocess), cuDNN attention's switch. Its os._exit(n)
-    (common.fail's now=True) is a SystemExit(n) here, which must not end the test process."""
+    (train.py's stop, a signal's line) is a SystemExit(n) here, which must not end the test process."""
     import contextlib
     import gc
     import io
     import runpy
     import signal
+    from hrmlm import signals
     from hrmlm.signals import STOP_SIGNALS
+    signals.received.clear()   # what an earlier script in this process received
     saved, argv, cwd, os_exit = {s: signal.getsignal(s) for s in STOP_SIGNALS}, sys.argv, os.getcwd(), os._exit
     hooks, threads, wakeup = (sys.excepthook, sys.unraisablehook), torch.get_num_threads(), signal.set_wakeup_fd(-1)
     cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()   # sample.py turns cuDNN's attention off
@@ -124,6 +126,7 @@ def in_process(script, *args):
         os.chdir(cwd)
         for s, h in saved.items():
             signal.signal(s, h)
+        signals.received.clear()
     return subprocess.CompletedProcess([script, *args], code or 0, out.getvalue(), err.getvalue())
 
 
@@ -173,13 +176,14 @@ def save_ckpt(ck, path):
 
 
 def last_state(out_dir):
-    """out_dir's resume state (ckpt_last.dcp) as one dict, as older code's ckpt_last.pt held it: meta.pt's entries,
+    """out_dir's resume state (its newest ckpt_last.dcp/iter_<n>) as one dict: meta.pt's entries,
     "model" (one process's weights) and "optimizer" ({"state": {parameter name: its AdamW moments}, "param_groups":
     AdamW's hyperparameters, from meta.pt})."""
     import tempfile
     import warnings
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    path = os.path.join(out_dir, "ckpt_last.dcp")
+    from hrmlm.checkpoint import resume_path
+    path = resume_path(out_dir)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")   # "torch.distributed is disabled": one process reading is what we mean
         dcp_to_torch_save(path, os.path.join(tmp, "state.pt"))
@@ -189,14 +193,14 @@ def last_state(out_dir):
 
 
 def save_last(state, out_dir):
-    """Write a last_state() dict (a test's damaged copy) as out_dir/ckpt_last.dcp, with the checksums of the files
-    written, as save_sharded would."""
+    """Write a last_state() dict (a test's damaged copy) as out_dir's resume state (ckpt_last.dcp/iter_<n>, the
+    folders there before removed), with the checksums of the files written, as save_resume would."""
     import tempfile
     import warnings
     from torch.distributed.checkpoint.format_utils import torch_save_to_dcp
     from hrmlm.checkpoint import file_crc
-    path = os.path.join(out_dir, "ckpt_last.dcp")
-    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(os.path.join(out_dir, "ckpt_last.dcp"), ignore_errors=True)
+    path = os.path.join(out_dir, "ckpt_last.dcp", f"iter_{state['iter_num']:06d}")
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.save({"model": state["model"], "optimizer": state["optimizer"]["state"]}, os.path.join(tmp, "s.pt"))

@@ -74,14 +74,13 @@ def run_case(cfg, mode, dtype, rank, world, reference):
     if mode == "fsdp":
         parallel.fully_shard_model(raw, getattr(torch, dtype))
     params = list(raw.parameters())
-    model = parallel.wrap(raw, parallel.Ranks(True, rank, rank, world), mode == "fsdp")
+    model = parallel.wrap(raw, "cpu", mode == "fsdp")
     opt, ctx = optimizer(params), precision_context("cpu", dtype)
     worst, loss_diff = {}, 0.0
     for it in range(ITERS):
         mine = torch.zeros(())
         for k in range(MICRO // world):                        # rank r: micro-batches r, r + W, ...
-            parallel.no_sync_unless(model, parallel.Ranks(True, rank, rank, world), mode == "fsdp",
-                                    last=k == MICRO // world - 1)
+            parallel.sync_gradients(model, mode == "fsdp", last=k == MICRO // world - 1)
             with ctx:
                 _, loss = model(*batch(it, rank + k * world))
             (loss / (MICRO // world)).backward()

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from hrmlm.signals import UserError
 from conftest import char_tiny, one_error_line, raw_log, run_script, run_train
 
 HRM_NT6 = ["--arch=hrm", "--N=2", "--T=3", "--K=2", "--max_iters=6", "--eval_interval=3"]
@@ -25,9 +26,9 @@ def test_plot_writes_png(runs, tmp_path):
     plot.main([*runs, f"--out={out}", "--title=t", "--labels=HRM,T-L2"])
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
-    with pytest.raises(SystemExit, match="log.jsonl not found"):
+    with pytest.raises(UserError, match="log.jsonl not found"):
         plot.main([str(tmp_path / "nothing"), f"--out={out}"])
-    with pytest.raises(SystemExit, match="1 labels for 2 runs"):
+    with pytest.raises(UserError, match="1 labels for 2 runs"):
         plot.main([*runs, "--labels=one"])
 
 
@@ -64,9 +65,9 @@ def test_frozen_slow_module_keeps_z_H0(runs, data_dir):
 
 def test_analyze_refuses_other_archs(runs):
     from tools import analyze
-    with pytest.raises(SystemExit, match="the HLRole analyses need an HRM"):
+    with pytest.raises(UserError, match="the HLRole analyses need an HRM"):
         analyze.main([f"--out_dir={runs[1]}"])
-    with pytest.raises(SystemExit, match="no checkpoint"):
+    with pytest.raises(UserError, match="no checkpoint"):
         analyze.main(["--out_dir=/nonexistent"])
 
 
@@ -162,7 +163,7 @@ def test_depth_at_inference(runs, data_dir, tmp_path):
                                                             ("N", 2 * c.N, c.T), ("T", c.N, max(1, round(c.T / 2))),
                                                             ("T", c.N, 2 * c.T)}
     assert json.load(open(tmp_path / "d.json"))["rows"] == rows
-    with pytest.raises(SystemExit, match="positive multiples"):
+    with pytest.raises(UserError, match="positive multiples"):
         analyze.main([f"--out_dir={hrm}", "--depth=0,x"])
 
 
@@ -184,7 +185,7 @@ def test_cache_policies_measured(runs, data_dir, tmp_path):
     assert last["ce"] != full["ce"] and 0 <= last["greedy_agree"] <= 1 and all(r["cached_tok_s"] > 0 for r in rows)
     assert json.load(open(tmp_path / "kv.json"))["rows"] == rows
     assert engine.cache_slots(model, "last") == [0] + [1] * c.M + [2] * c.N
-    with pytest.raises(SystemExit, match="give policies from full, last, fired"):
+    with pytest.raises(UserError, match="give policies from full, last, fired"):
         analyze.main([f"--out_dir={hrm}", "--kv=full,lst"])
-    with pytest.raises(SystemExit, match="does not apply to transformer|cache policies are a recurrence's"):
+    with pytest.raises(UserError, match="does not apply to transformer|cache policies are a recurrence's"):
         analyze.main([f"--out_dir={runs[1]}", "--kv=last"])

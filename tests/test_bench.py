@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bench import model_config
-from hrmlm.flops import counted_train_flops, train_flops
+from hrmlm.common import counted_train_flops, train_flops
 from conftest import ROOT, measured_iter_mb, one_error_line, run_script
 
 

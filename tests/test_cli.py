@@ -2,7 +2,6 @@
 `<script>.py: error: ...` on stderr, exit status 2, no traceback, and no file of the user's lost.
 (train.py's own bad input is in test_checkpoints.py and test_training.py.)"""
 
-import importlib
 import os
 import signal
 import subprocess
@@ -13,14 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import (ENV, ROOT, Evil, copy_run, error_in_process, one_error_line, patched, run_script, save_ckpt,
-                      snapshot, wait_for, write_docs)
+from conftest import (ENV, ROOT, Evil, copy_run, error_in_process, in_process, one_error_line, patched, run_script,
+                      save_ckpt, snapshot, wait_for, write_docs)
 
 # --- every case of the issue ----------------------------------------------------------------------
 # (id, script, args, word in the error line); {name} is filled from the `world` fixture's paths.
 # CASES run as subprocesses of the real entry points: exit status, stderr, no traceback. Every script has
-# some there; the rest (IN_PROCESS) call the script's main() and read the SystemExit, which carries the
-# same line, because each subprocess that imports torch costs 3 s on a 2-core machine.
+# some there; the rest (IN_PROCESS) run the script in this process (conftest.in_process: its entry point,
+# the same line), because each subprocess that imports torch costs 3 s on a 2-core machine.
 
 CASES = [
     # configurator.py, through sample.py (more cases in test_configurator_cases)
@@ -130,10 +129,9 @@ def test_bad_input_stops_in_process(world, module, args, word):
     p = world[0]
     if "--device=cuda" in args and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    with pytest.raises(SystemExit) as e:
-        importlib.import_module(f"tools.{module}" if module in TOOLS else module).main([a.format(**p) for a in args])
-    msg = str(e.value)
-    assert msg.startswith(f"{module}.py: error: ") and word.format(**p) in msg and "\n" not in msg, msg
+    done = in_process(f"tools/{module}.py" if module in TOOLS else f"{module}.py", *[a.format(**p) for a in args])
+    line = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+    assert done.returncode == 2 and line.startswith(f"{module}.py: error: ") and word.format(**p) in line, done
 
 
 def test_failed_runs_left_every_file_alone(world):
@@ -191,50 +189,36 @@ def test_every_script_stops_on_a_signal_with_one_line(world, sig):
             f"{os.path.basename(script)}: error: interrupted by {signal.Signals(sig).name}"), (script, proc.returncode, err)   # sampling, adds that the text stays
 
 
-def test_a_warning_as_the_signal_unwinds_is_not_printed():
-    """A library that warns while the interrupt unwinds it (CI once caught numpy's "reloaded" warning, its import
-    cut by SIGTERM inside torch's) adds no line to the one line."""
-    code = ("import os, signal, time, warnings; from hrmlm.signals import exit_on_signals; exit_on_signals('w')\n"
-            "try:\n    os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\nfinally:\n    warnings.warn('noise')\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
-    assert (proc.returncode, proc.stderr) == (128 + signal.SIGTERM, "w: error: interrupted by SIGTERM\n")
-
-
 def test_a_signal_inside_an_import_leaves_at_once(tmp_path):
     """An exception raised through torch's import (pybind11 code) can abort the process: SIGABRT and no line (CI
-    caught it ~1 run in 5 of the test above). A signal inside any import ends the script at once, with the one line:
-    no KeyboardInterrupt is raised there, so the importer's `finally` never runs."""
-    (tmp_path / "slow_import.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\n"
-                                             "time.sleep(5)\n")
-    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from hrmlm.signals import exit_on_signals\n"
-            "exit_on_signals('w')\ntry:\n    import slow_import\nfinally:\n    print('finally ran')\n")
+    caught it ~1 run in 5 of the test above). Under signals.guard (a script's start, its imports) a signal ends the
+    script at once with the one line: no KeyboardInterrupt is raised, so neither the import's own `finally` runs
+    (where CI once caught numpy's "reloaded" warning, its import cut by SIGTERM inside torch's) nor the importer's."""
+    (tmp_path / "slow_import.py").write_text("import os, signal, time, warnings\ntry:\n"
+                                             "    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(5)\n"
+                                             "finally:\n    warnings.warn('noise')\n")
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from hrmlm import signals; signals.guard('w')\n"
+            "try:\n    import slow_import\nfinally:\n    print('finally ran')\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (128 + signal.SIGTERM, "", "w: error: interrupted by SIGTERM\n")
-    # the same where the signal came before and a library swallowed it (and its first repeat, at once) for 0.3 s:
-    # the next repeat, half a second on, lands inside the import
-    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(5)\n")
-    code = code.replace("exit_on_signals('w')\n", "exit_on_signals('w')\nimport os, signal, threading, time\n"
-                        "threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
-                        "t = time.time()\nwhile time.time() < t + 0.3:\n"
-                        "    try:\n        time.sleep(0.01)\n    except KeyboardInterrupt:\n        pass\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (128 + signal.SIGTERM, "", "w: error: interrupted by SIGTERM\n")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (128 + signal.SIGTERM, "",
+                                                           "w: error: interrupted by SIGTERM\n")
 
 
 def test_a_second_signal_ends_a_script_whose_library_swallows_the_first():
-    """A library that swallows KeyboardInterrupt and retries (here each second): the repeats of the first signal
-    come on a signal of their own, so a second SIGTERM is never taken for one of them, and ends the script at
-    once (not at GRACE_S), with one line."""
-    code = ("import os, signal, threading, time; from hrmlm.signals import exit_on_signals; exit_on_signals('w')\n"
+    """Under signals.main a signal raises KeyboardInterrupt, which a library may swallow (here: it retries each
+    second); a second signal ends the script at once all the same, with one line naming both."""
+    code = ("import os, signal, threading, time; from hrmlm import signals\n"
             "def send():\n    time.sleep(0.2); os.kill(os.getpid(), signal.SIGTERM); time.sleep(2.0)\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
-            "threading.Thread(target=send, daemon=True).start()\n"
-            "while True:\n    try:\n        time.sleep(1)\n    except KeyboardInterrupt:\n        pass\n")
+            "def work():\n    threading.Thread(target=send, daemon=True).start()\n"
+            "    while True:\n        try:\n            time.sleep(1)\n        except KeyboardInterrupt:\n"
+            "            pass\n"
+            "signals.main(work, 'w')\n")
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stderr.strip()) == (128 + signal.SIGTERM, "w: error: interrupted by SIGTERM (then by "
                                                       "SIGTERM)"), proc.stderr
-    assert 2.2 < time.monotonic() - t0 < 8, time.monotonic() - t0   # at the second: not at a repeat, nor at GRACE_S
+    assert 2.2 < time.monotonic() - t0 < 8, time.monotonic() - t0   # at the second: not at the first
 
 
 def test_bench_stopped_leaves_no_worker(world):

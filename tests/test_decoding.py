@@ -292,7 +292,7 @@ def test_teacher_forced_full_is_the_forward_gradients_included(cfg):
     idx = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(3))
     y = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(4))
     grads = []
-    for logits in (lambda: m(idx)[0], lambda: engine.teacher_forced(m, idx, "full")):
+    for logits in (lambda: m(idx)[0], lambda: engine.teacher_forced(m, idx, "full")[0]):
         m.zero_grad(set_to_none=True)
         out = logits()
         m.cross_entropy(out, y).backward()
@@ -309,7 +309,7 @@ def test_teacher_forced_last_is_decoding_under_last():
     the first token then one-token steps against KVCache(kv="last"), and not the full forward's."""
     m = make(tiny("unitf", M=3, K=1), scale=4.0)
     idx = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(6))
-    tf = engine.teacher_forced(m, idx, "last")
+    tf = engine.teacher_forced(m, idx, "last")[0]
     assert tf.requires_grad
     with torch.no_grad():
         cache = engine.new_cache(m, 2, kv="last")
@@ -503,7 +503,7 @@ def psutil_children(pid):
 def test_streamed_text_equals_decoding_it_all_at_once(ckpt_dir):
     """BPE tokens can end inside a character: the streamed text must still be decode(all tokens)."""
     from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
-    from hrmlm.data import get_codec
+    from hrmlm.common import get_codec
     ck = load_checkpoint(os.path.join(ckpt_dir, "ckpt.pt"))
     model = model_from_checkpoint(ck).eval()
     encode, decode = get_codec(ck["meta"])

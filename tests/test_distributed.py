@@ -77,12 +77,12 @@ def test_fsdp_bf16_train_py_matches_one_process(data_dir, tmp_path):
 
 def del_checksums(out_dir):
     """A ckpt_last.dcp as code before checksums wrote it: meta.pt without them."""
-    meta = os.path.join(out_dir, "ckpt_last.dcp", "meta.pt")
+    meta = os.path.join(resume_path(out_dir), "meta.pt")
     torch.save({k: v for k, v in torch.load(meta, weights_only=True).items() if k != "checksums"}, meta)
 
 
 def flip_a_shard_byte(out_dir):
-    shard = os.path.join(out_dir, "ckpt_last.dcp", "__1_0.distcp")
+    shard = os.path.join(resume_path(out_dir), "__1_0.distcp")
     data = bytearray(open(shard, "rb").read())
     data[len(data) // 2] ^= 0x20
     open(shard, "wb").write(bytes(data))
@@ -100,7 +100,7 @@ def test_a_flipped_shard_stops_every_rank_with_one_line(data_dir, tmp_path):
     p = run_train(args + ["--max_iters=4", "--init_from=resume"], data_dir, out, nproc=2, check=False)
     lines = [l for l in p.stderr.splitlines() if l.startswith("train.py")]   # under torchrun: its own traceback too
     assert p.returncode != 0 and "step" not in p.stdout and len(lines) == 1, p.stderr[-3000:]
-    assert lines[0].startswith(f"train.py: error: {out}/ckpt_last.dcp is damaged: 1 file(s) missing or not as "
+    assert lines[0].startswith(f"train.py: error: {resume_path(out)} is damaged: 1 file(s) missing or not as "
                                f"written (checksums: __1_0.distcp); intact: {out}/ckpt.pt (iter 2)"), lines
 
 
@@ -112,55 +112,57 @@ def test_fsdp_checkpoint_is_sharded_and_resumes_anywhere(data_dir, tmp_path, cap
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     run_train(args + ["--max_iters=4"], data_dir, full)
     run_train(args + ["--max_iters=2", "--fsdp=True"], data_dir, part, nproc=2)
-    dcp = os.path.join(part, "ckpt_last.dcp")
+    dcp = resume_path(part)
+    assert dcp == os.path.join(part, "ckpt_last.dcp", "iter_000002")
     assert sorted(n for n in os.listdir(dcp) if n.endswith(".distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-    assert not os.path.exists(os.path.join(part, "ckpt_last.pt"))
     ckpt = load_checkpoint(dcp)
     assert ckpt["iter_num"] == 2 and "model" not in ckpt
     model_from_checkpoint(ckpt)                                     # sample.py's and analyze.py's loader
     best = load_checkpoint(os.path.join(part, "ckpt.pt"))          # one file, as one process saves it
     assert best["model"]["L_net.alpha"].shape == (1,) and "optimizer" not in best
     copy, early, broken = (copy_run(part, tmp_path, name) for name in ("copy", "early", "broken"))
-    os.remove(os.path.join(broken, "ckpt_last.dcp", "__1_0.distcp"))   # a lost shard: one line, no traceback
-    with pytest.raises(ValueError, match=r"ckpt_last.dcp is damaged: 1 file\(s\) missing or not as written \(checksums: "
+    os.remove(os.path.join(resume_path(broken), "__1_0.distcp"))   # a lost shard: one line, no traceback
+    with pytest.raises(ValueError, match=r"iter_000002 is damaged: 1 file\(s\) missing or not as written \(checksums: "
                                          r"__1_0.distcp missing\); intact: .*ckpt.pt \(iter 2\)$"):
-        model_from_checkpoint(load_checkpoint(os.path.join(broken, "ckpt_last.dcp")))
-    del_checksums(broken)   # a folder written before checksums: dcp's own reading still names the problem
-    with pytest.raises(ValueError, match="ckpt_last.dcp: cannot read a shard .*one is missing or damaged"):
-        model_from_checkpoint(load_checkpoint(os.path.join(broken, "ckpt_last.dcp")))
-    index = os.path.join(early, "ckpt_last.dcp", ".metadata")   # its index: truncated, then missing
+        model_from_checkpoint(load_checkpoint(resume_path(broken)))
+    del_checksums(broken)   # a folder written without checksums: dcp's own reading still names the problem
+    with pytest.raises(ValueError, match="iter_000002: cannot read a shard or its index"):
+        model_from_checkpoint(load_checkpoint(resume_path(broken)))
+    index = os.path.join(resume_path(early), ".metadata")   # its index: truncated, then missing
     shutil.copy(index, index + ".kept")
     with open(index, "r+b") as f:
         f.truncate(os.path.getsize(index) // 2)
     capfd.readouterr()
     caplog.clear()
-    with pytest.raises(ValueError, match=r"ckpt_last.dcp is damaged: .*checksums: .metadata\)"):
-        model_from_checkpoint(load_checkpoint(os.path.join(early, "ckpt_last.dcp")))
+    with pytest.raises(ValueError, match=r"iter_000002 is damaged: .*checksums: .metadata\)"):
+        model_from_checkpoint(load_checkpoint(resume_path(early)))
     del_checksums(early)
-    with pytest.raises(ValueError, match="ckpt_last.dcp: cannot read a shard or its index .*truncated"):
-        model_from_checkpoint(load_checkpoint(os.path.join(early, "ckpt_last.dcp")))
+    with pytest.raises(ValueError, match="iter_000002: cannot read a shard or its index .*truncated"):
+        model_from_checkpoint(load_checkpoint(resume_path(early)))
     os.remove(index)
-    with pytest.raises(ValueError, match=r"ckpt_last.dcp: its .metadata \(the index of its shards\) is missing"):
-        model_from_checkpoint(load_checkpoint(os.path.join(early, "ckpt_last.dcp")))
+    with pytest.raises(ValueError, match=r"iter_000002: cannot read a shard or its index"):
+        model_from_checkpoint(load_checkpoint(resume_path(early)))
     assert capfd.readouterr().err == "" and not caplog.records, caplog.records   # no log or traceback of torch's
     os.replace(index + ".kept", index)
     flipped = flip_a_shard_byte(copy_run(part, tmp_path, "flipped"))   # once resumed, trained and said done
-    with pytest.raises(ValueError, match=r"ckpt_last.dcp is damaged: 1 file\(s\) missing or not as written \(checksums: "
+    with pytest.raises(ValueError, match=r"iter_000002 is damaged: 1 file\(s\) missing or not as written \(checksums: "
                                          r"__1_0.distcp\); intact: "):
-        load_checkpoint(os.path.join(flipped, "ckpt_last.dcp"))   # one process checks every file
+        load_checkpoint(resume_path(flipped))
     run_train(args + ["--max_iters=4", "--fsdp=True", "--init_from=resume"], data_dir, part, nproc=1)
     run_train(args + ["--max_iters=4", "--init_from=resume"], data_dir, copy)   # one process reads the shards
     ref = by_iter(full)[4]
     for out in (part, copy):
         got = by_iter(out)[4]
         assert (got["train_loss"], got["val_loss"]) == (ref["train_loss"], ref["val_loss"]), (out, got, ref)
-    assert sorted(n for n in os.listdir(os.path.join(copy, "ckpt_last.dcp")) if n.endswith(".distcp")) == ["__0_0.distcp"]
-    # an older code's ckpt_last.pt left beside it (killed between the first save and its removal): the folder wins
-    shutil.copy(os.path.join(part, "ckpt.pt"), os.path.join(early, "ckpt_last.pt"))
-    assert resume_path(early) == os.path.join(early, "ckpt_last.dcp")
-    os.remove(os.path.join(early, "ckpt_last.pt"))
-    shutil.copy(os.path.join(part, "ckpt.pt"), os.path.join(tmp_path, "ckpt_last.pt"))   # alone: the older file
-    assert resume_path(str(tmp_path)) == os.path.join(tmp_path, "ckpt_last.pt")
+    assert sorted(n for n in os.listdir(resume_path(copy)) if n.endswith(".distcp")) == ["__0_0.distcp"]
+    assert os.listdir(os.path.join(copy, "ckpt_last.dcp")) == ["iter_000004"]   # the older state went
+    # a newer folder without meta.pt (a save killed before its end) is not the state; an older layout (one folder,
+    # meta.pt in it) still is
+    shutil.copytree(resume_path(early), os.path.join(early, "ckpt_last.dcp", "iter_000009"))
+    os.remove(os.path.join(early, "ckpt_last.dcp", "iter_000009", "meta.pt"))
+    assert resume_path(early) == os.path.join(early, "ckpt_last.dcp", "iter_000002")
+    shutil.copytree(resume_path(early), os.path.join(tmp_path, "older", "ckpt_last.dcp"))
+    assert resume_path(str(tmp_path / "older")) == os.path.join(tmp_path, "older", "ckpt_last.dcp")
 
 
 # --- FSDP ----------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import torch
 
 from conftest import ENV, ROOT, one_error_line, run_script
 from hrmlm.checkpoint import load_checkpoint, save_checkpoint
+from hrmlm.signals import UserError
 from model import ModelConfig, build_model
 
 ARCHS = {"hrm": dict(N=2, T=2, K=2), "transformer": dict(n_layer=2), "unitf": dict(M=3, K=1)}
@@ -94,7 +95,7 @@ def test_export_loads_offline_with_model_py_logits_and_greedy_tokens(loaded, arc
 def test_gpt2_tokenizer_is_tiktokens(hf, tmp_path):
     """A BPE run's folder carries GPT-2's vocab.json and merges.txt: AutoTokenizer gives tiktoken's ids."""
     from transformers import AutoTokenizer
-    from hrmlm.data import get_tokenizer
+    from hrmlm.common import get_tokenizer
     run = make_run(tmp_path / "run", "transformer", tokenizer="gpt2")
     assert run_script("tools/export_hf.py", f"--out_dir={run}", f"--to={tmp_path / 'hf'}").returncode == 0
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
@@ -139,9 +140,9 @@ def test_missing_transformers_is_one_line(tmp_path, monkeypatch):
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import export_hf
     monkeypatch.setitem(sys.modules, "transformers", None)   # import transformers: ImportError, as where it is absent
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(UserError) as e:
         export_hf.main([f"--out_dir={tmp_path}", f"--to={tmp_path / 'x'}"])
-    assert str(e.value) == "export_hf.py: error: tools/export_hf.py needs transformers: pip install -r requirements-hf.txt"
+    assert str(e.value) == "tools/export_hf.py needs transformers: pip install -r requirements-hf.txt"
     assert not (tmp_path / "x").exists()
 
 

@@ -7,7 +7,7 @@ import torch
 
 import bench
 from hrmlm import common
-from hrmlm import flops
+from hrmlm import common as flops   # FLOPs and peaks live in common.py
 
 
 @pytest.mark.parametrize("name, peak", [
@@ -55,12 +55,12 @@ def test_a_gpu_torch_cannot_use_is_said_loudly(monkeypatch, capsys):
     real = os.path.exists
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(os.path, "exists", lambda p: p == "/dev/nvidia0" or real(p))
-    assert common.auto_device("auto") == "cpu"
+    assert common.usable_device("auto") == "cpu"
     err = capsys.readouterr().err
     assert err.startswith("note: this machine has an NVIDIA GPU (/dev/nvidia0), but torch ") and "CUDA build" in err
     monkeypatch.setattr(os.path, "exists", lambda p: False if "nvidia" in p else real(p))
-    assert common.auto_device("auto") == "cpu" and capsys.readouterr().err == ""   # no GPU: nothing to say
-    assert common.auto_device("cpu") == "cpu"
+    assert common.usable_device("auto") == "cpu" and capsys.readouterr().err == ""   # no GPU: nothing to say
+    assert common.usable_device("cpu") == "cpu"
     assert common.torch_line("cpu") == f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, cpu"
 
 
@@ -76,8 +76,8 @@ def test_each_torchrun_process_takes_its_gpu(monkeypatch, visible, local_rank, d
     monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: got.update(set=d))
     monkeypatch.setattr(parallel.dist, "init_process_group", lambda **k: got.update(k))
-    ranks = parallel.init_process_group("cuda")
-    assert ranks.device == got["set"] == device and got["backend"] == "nccl"
+    _, _, dev = parallel.init_process_group("cuda")
+    assert dev == got["set"] == device and got["backend"] == "nccl"
     assert got["device_id"] == torch.device(device) and got["timeout"].total_seconds() == 1800
 
 
@@ -116,13 +116,13 @@ def test_meta_build_gives_todays_initial_weights(case):
     build after the same seed, bit for bit, and the CPU generator is left where a CPU build leaves it; while it is
     built, every weight matrix is on the meta device (none is made whole on the CPU). FSDP's shards of it: FSDP runs
     give one process's numbers exactly (tests/test_distributed.py)."""
-    from hrmlm.parallel import MetaInit, Ranks, build_on_device
+    from hrmlm.parallel import MetaInit, build_on_device
     from model import ModelConfig, build_model
     cfg = ModelConfig(vocab_size=301, n_embd=32, n_head=4, block_size=16, **META_CASES[case])
     torch.manual_seed(5)
     cpu, after_cpu = build_model(cfg), torch.rand(3)
     torch.manual_seed(5)
-    meta, after_meta = build_on_device(cfg, "cpu", Ranks()), torch.rand(3)
+    meta, after_meta = build_on_device(cfg, "cpu", 0, 1), torch.rand(3)
     want, got = (dict(m.named_parameters()) | dict(m.named_buffers()) for m in (cpu, meta))
     assert want.keys() == got.keys()
     assert not [k for k in want if not torch.equal(want[k], got[k])], [k for k in want if not torch.equal(want[k], got[k])]

@@ -2,8 +2,8 @@
 documented meaning, so that breaking any one line of them fails a test: the schedule's shape (warmup, peak,
 cosine, floor), gradient accumulation (G micro-batches = one batch G times larger, and the logged gradient norm
 with it), which parameters decay, AdamW's settings, the K/M clip, the logged loss, and which split the
-evaluation reads. (The non-finite guard and what a resume restores: test_checkpoints.py.) Then the settings
-that contradict each other: refused, or one note."""
+evaluation reads. (The non-finite guard and what a resume restores: test_checkpoints.py.) Then a setting that
+contradicts another: refused."""
 
 import math
 import os
@@ -11,8 +11,7 @@ import os
 import pytest
 import torch
 
-from conftest import HRM, ROOT, last_state, run_train
-from configurator import check_train_settings, read_settings, train_setting_notes
+from conftest import HRM, last_state, run_train, train_error_in_process
 
 # warmup 3, cosine to iteration 8, floor after; G=2 micro-batches of 2; a clip that binds (K/M = 1/2 of 0.1)
 LR, MIN_LR, WARMUP, DECAY, ITERS, G, B = 1e-2, 1e-3, 3, 8, 10, 2, 2
@@ -52,7 +51,7 @@ def reference(data_dir, ck):
     """Algorithm 1 written plainly: the same initial model, one batch of G*B (micro-batches 0..G-1 of the iteration
     side by side, no accumulation), AdamW with decay on matrices and embeddings only, the clip at grad_clip*K/M,
     the schedule above. Returns per-iteration (lr, loss, grad norm), the val CE after each, and the final model."""
-    from hrmlm import data
+    from hrmlm import common as data   # the datasets' reader
     from model import ModelConfig, build_model
     cfg = ck["config"]
     splits, _ = data.open_dataset(data_dir, cfg["dataset"], cfg["block_size"])
@@ -117,63 +116,12 @@ def test_the_loop_is_algorithm_1(run, data_dir):
     assert [g["weight_decay"] for g in groups] == [WD, 0.0] and all(tuple(g["betas"]) == BETAS for g in groups)
 
 
-# --- settings that contradict each other: refused, or a note -------------------------------------------------
+# --- settings that contradict each other: refused ----------------------------------------------------------
 
-def settings(**over):
-    c = {k: v for k, (v, _) in read_settings(os.path.join(ROOT, "train.py")).items()}
-    c.update({**dict(dtype="float32", arch="hrm", N=2, T=2, K=2, max_iters=100, warmup_iters=10, eval_interval=10,
-                     log_interval=1), **over})
-    return c
-
-
-def test_min_lr_above_learning_rate_is_refused():
-    assert any("min_lr=1 is above learning_rate=0.001" in e for e in check_train_settings(
-        settings(learning_rate=1e-3, min_lr=1.0), ddp=False))
-    assert not check_train_settings(settings(learning_rate=1e-3, min_lr=1e-3), ddp=False)     # equal: a constant
-    assert not check_train_settings(settings(learning_rate=1e-3, min_lr=1.0, decay_lr=False), ddp=False)
-
-
-@pytest.mark.parametrize("over,word", [
-    (dict(warmup_iters=100), "never reaches learning_rate"),
-    (dict(warmup_iters=500), "never reaches learning_rate"),
-    (dict(lr_decay_iters=5), "drops straight to min_lr"),
-    (dict(lr_decay_iters=300), "before the cosine reaches min_lr"),
-    (dict(K=5), "K=5 > M=4: every step carries gradient"),
-    (dict(arch="unitf", N=4, T=3, M=6, K=7), "K=7 > M=6"),
-    (dict(K_slow=3), "K_slow=3 > N=2"),
-    (dict(eval_interval=101), "evaluates and saves a checkpoint only at iterations 0 and 100"),
-    (dict(log_interval=101), "no progress line"),
-    (dict(init_from="resume", overwrite=True), "overwrite=True does nothing with init_from=resume"),
-    (dict(warmup_iters=50, decay_lr=False), "warmup_iters=50 is not used (no warmup)"),
-    (dict(N=1, T=4, K=2, random_depth=True), "random_depth=True with N=1: the depth drawn from 1..2*N-1 is always 1"),
-    (dict(arch="unitf", M=1, K=1, random_depth=True), "random_depth=True with M=1"),
-])
-def test_contradictory_settings_get_one_note(over, word):
-    notes = train_setting_notes(settings(**over))
-    assert len(notes) == 1 and word in notes[0] and notes[0].startswith("note: "), notes
-
-
-def test_consistent_settings_get_no_note():
-    assert train_setting_notes(settings()) == []
-    assert train_setting_notes(settings(K=4)) == []                     # K = M: full backprop, as documented
-    assert train_setting_notes(settings(warmup_iters=0, decay_lr=False)) == []
-    assert train_setting_notes(settings(random_depth=True)) == []       # N=2: depths 1..3
-    assert train_setting_notes(settings(eval_interval=100, lr_decay_iters=100)) == []
-
-
-def test_every_config_is_free_of_notes():
-    """The shipped configs (with their includes) contradict nothing."""
-    import glob
-    from configurator import apply_config
-    for path in sorted(glob.glob(os.path.join(ROOT, "config", "*.py"))):
-        c = settings()
-        c.update(N=4, T=3, K=2, max_iters=10000, warmup_iters=1000, eval_interval=500, log_interval=10)
-        apply_config([path], c)
-        assert train_setting_notes(c) == [], path
-
-
-def test_notes_are_printed_before_work(data_dir, tmp_path):
-    p = run_train(["--arch=hrm", "--N=2", "--T=2", "--K=5", "--max_iters=2", "--eval_interval=1"], data_dir,
-                  str(tmp_path / "o"))
-    lines = p.stdout.splitlines()
-    assert "note: K=5 > M=4: every step carries gradient, full backprop (as K=M=4)" in lines[:5], lines[:6]
+def test_min_lr_above_learning_rate_is_refused(data_dir, tmp_path):
+    """A cosine 'decay' that would climb is refused; at equal rates (a constant) or without decay it runs."""
+    line = train_error_in_process(["--learning_rate=1e-3", "--min_lr=1.0"], data_dir, str(tmp_path / "a"))
+    assert "min_lr=1 is above learning_rate=0.001" in line, line
+    for ok in (["--min_lr=1e-3"], ["--min_lr=1.0", "--decay_lr=False"]):
+        run_train(HRM + ["--learning_rate=1e-3", "--max_iters=1", "--eval_interval=1", *ok], data_dir,
+                  str(tmp_path / ok[-1].strip("-").replace("=", "")))

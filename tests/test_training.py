@@ -14,7 +14,9 @@ import torch
 from conftest import (ENV, HRM, PAPER_MODELS, ROOT, char_tiny, copy_run, last_state, one_error_line, patched,
                       progress_losses, raw_log, run_script, run_train, snapshot, train_cmd,
                       train_error_in_process)
-from configurator import ConfigError, apply_config, model_config, read_settings
+from configurator import apply_config, model_config, read_settings
+from hrmlm.checkpoint import resume_path
+from hrmlm.signals import UserError as ConfigError
 from model import build_model
 from tools.plan import train_defaults
 
@@ -136,7 +138,7 @@ def test_few_iterations_lower_the_loss(arch, extra, data_dir, tmp_path):
     assert re.search(r"^iter 15/30 \(50\.0%\): .* \d+ s elapsed, \d+ s left$", p.stdout, flags=re.M), p.stdout
     assert re.search(r"^step 30: train loss [\d.]+, val loss [\d.]+ \([\d.]+ s\)$", p.stdout, flags=re.M), p.stdout
     # ckpt.pt (for sampling) holds no optimiser state: at most half of ckpt_last.dcp (AdamW keeps 2 moments)
-    last = os.path.join(out, "ckpt_last.dcp")
+    last = resume_path(out)
     assert os.path.getsize(os.path.join(out, "ckpt.pt")) <= 0.5 * sum(os.path.getsize(os.path.join(last, n))
                                                                       for n in os.listdir(last))
     ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
@@ -240,8 +242,8 @@ def test_help_lists_every_setting_with_its_default(script):
     if script in ("train", "sample"):  # configurator scripts: every global of the settings block
         keys = read_settings(os.path.join(ROOT, f"{script}.py"))   # the settings block, read from the source's syntax
         assert len(keys) > 10
-        for k in keys:
-            assert re.search(rf"^  --{k}=\S", p.stdout, flags=re.M), k
+        for k, (default, comment) in keys.items():   # the block as written: key = default  # comment
+            assert re.search(rf"^{k} = \S.*  # \S", p.stdout, flags=re.M), k
     else:              # argparse scripts: every option shows its default
         opts = [o for o in re.findall(r"^  (--\w+)", p.stdout, flags=re.M) if o != "--help"]
         assert opts
@@ -400,15 +402,15 @@ def test_bad_device_with_overwrite_deletes_nothing(device, trained, data_dir, tm
 
 # --- the same command twice; a new run from another run's weights --------------------------------------
 
-def test_a_finished_run_again_exits_0_and_touches_nothing(trained, data_dir, tmp_path):
+def test_a_used_out_dir_is_refused_and_left_as_it_was(trained, data_dir, tmp_path):
+    """The same command again on a finished run, or another run there: refused (resume, overwrite or another out_dir),
+    and nothing but the lock's note changes."""
     out = copy_run(trained, tmp_path)
-    before = snapshot(out)
-    p = run_train(HRM + ["--max_iters=4", "--eval_interval=2"], data_dir, out)
-    assert "holds this run, finished (iter 4" in p.stdout and "nothing to do" in p.stdout, p.stdout
-    assert snapshot(out) == before
-    # an unfinished or different run is still refused (the lock's note names the refused run: not compared)
-    one_error_line(run_train(HRM + ["--max_iters=6", "--eval_interval=2"], data_dir, out, check=False))
-    assert snapshot(out, skip=(".lock",)) == {k: v for k, v in before.items() if k != ".lock"}
+    before = snapshot(out, skip=(".lock",))
+    for extra in (["--max_iters=4"], ["--max_iters=6"]):
+        line = one_error_line(run_train(HRM + [*extra, "--eval_interval=2"], data_dir, out, check=False))
+        assert "already holds a run" in line, line
+    assert snapshot(out, skip=(".lock",)) == before
 
 
 def test_init_from_starts_a_new_run_from_the_weights(trained, data_dir, tmp_path):

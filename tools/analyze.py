@@ -32,30 +32,29 @@ from dataclasses import replace
 from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root: model.py, hrmlm/
-if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on, torch's import included
-    from hrmlm.signals import exit_on_signals
-    exit_on_signals()
+from hrmlm import signals  # noqa: E402
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+if __name__ == "__main__":   # before torch's import (seconds): a signal is one line, at once
+    signals.guard("analyze.py")
 
-from hrmlm import engine
-from hrmlm.checkpoint import CKPT_BEST, load_checkpoint, model_from_checkpoint
-from hrmlm.common import HelpFormatter, check_device, fail
-from hrmlm.data import check_dataset
-from model import build_model
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from hrmlm import engine  # noqa: E402
+from hrmlm.checkpoint import CKPT_BEST, CKPT_LAST, load_checkpoint, model_from_checkpoint, resume_path  # noqa: E402
+from hrmlm.common import HelpFormatter, UserError, check_dataset, usable_device  # noqa: E402
+from model import build_model  # noqa: E402
 
 
 def load(out_dir, ckpt, device, archs=("hrm",), need="the HLRole analyses need an HRM"):
-    path = os.path.join(out_dir, ckpt)
-    try:   # one line for a missing, truncated, unsafe or foreign file, and for non-finite weights
-        ck = load_checkpoint(path)
-        model = model_from_checkpoint(ck, path)
-    except ValueError as e:
-        fail(str(e))
+    """The model of out_dir's checkpoint `ckpt` (ckpt_last.dcp: the newest resume state) and its checkpoint dict;
+    a UserError for a missing, truncated, unsafe or foreign file, for non-finite weights, and for another arch."""
+    path = (ckpt == CKPT_LAST and resume_path(out_dir)) or os.path.join(out_dir, ckpt)
+    ck = load_checkpoint(path)
+    model = model_from_checkpoint(ck, path)
     if model.config.arch not in archs:
-        fail(f"{path} is a {model.config.arch!r} model; {need}")
+        raise UserError(f"{path} is a {model.config.arch!r} model; {need}")
     return model.to(device).eval(), ck
 
 
@@ -118,11 +117,11 @@ def val_batches(ck, data_dir, n_batches, batch_size, block_size):
     try:   # present, whole uint16 tokens, as meta.json says
         check_dataset(data_dir, dataset)
     except ValueError as e:
-        fail(f"{e} (or pass --data_dir)")
+        raise UserError(f"{e} (or pass --data_dir)") from None
     path = os.path.join(data_dir, dataset, "val.bin")
     data = np.memmap(path, dtype=np.uint16, mode="r")
     if len(data) <= block_size + 1:
-        fail(f"{path} holds {len(data)} tokens, fewer than block_size {block_size}")
+        raise UserError(f"{path} holds {len(data)} tokens, fewer than block_size {block_size}")
     starts = np.linspace(0, len(data) - block_size - 1, n_batches * batch_size).astype(np.int64)   # evenly spread
     w = torch.from_numpy(np.stack([data[s:s + block_size + 1] for s in starts]).astype(np.int64))
     return list(zip(w[:, :-1].split(batch_size), w[:, 1:].split(batch_size)))
@@ -217,7 +216,7 @@ def step_stats(model, batches, device):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--out_dir", required=True, help="a train.py out_dir holding an HRM checkpoint")
-    ap.add_argument("--ckpt", default=CKPT_BEST, help="checkpoint file in out_dir")
+    ap.add_argument("--ckpt", default=CKPT_BEST, help="which checkpoint in out_dir: ckpt.pt or ckpt_last.dcp")
     ap.add_argument("--data_dir", default=None, help="default: the data_dir the model was trained with")
     ap.add_argument("--batches", type=int, default=8, help="validation batches")
     ap.add_argument("--batch_size", type=int, default=1, help="sequences per batch (the paper: 8 x 1)")
@@ -232,28 +231,25 @@ def main(argv=None):
     args = ap.parse_args(argv)
     policies = [k.strip() for k in args.kv.split(",") if k.strip()] if args.kv is not None else None
     if policies is not None and (not policies or set(policies) - set(engine.KV_POLICIES)):
-        fail(f"--kv={args.kv!r}: give policies from {', '.join(engine.KV_POLICIES)}, e.g. full,last,fired")
+        raise UserError(f"--kv={args.kv!r}: give policies from {', '.join(engine.KV_POLICIES)}, e.g. full,last,fired")
     if policies is not None and args.depth:
-        fail("--kv and --depth are separate analyses; give one")
+        raise UserError("--kv and --depth are separate analyses; give one")
     try:
         factors = [float(f) for f in args.depth.split(",")] if args.depth else None
     except ValueError:
         factors = []
     if factors is not None and (not factors or not all(0 < f < 100 for f in factors)):
-        fail(f"--depth={args.depth!r}: give positive multiples of the trained depth, e.g. 0.5,1,2,4")
+        raise UserError(f"--depth={args.depth!r}: give positive multiples of the trained depth, e.g. 0.5,1,2,4")
     # everything checkable before the work
     for key in ("batches", "batch_size"):
         if getattr(args, key) < 1:
-            fail(f"--{key} must be >= 1, got {getattr(args, key)}")
-    try:
-        check_device(args.device)
-    except ValueError as e:
-        fail(str(e))
+            raise UserError(f"--{key} must be >= 1, got {getattr(args, key)}")
+    args.device = usable_device(args.device)
     if args.json:   # a missing folder would lose the results at the very end
         folder = os.path.dirname(os.path.abspath(args.json))
         if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            fail(f"--json {args.json!r} cannot be written: " + ("it is a folder" if os.path.isdir(args.json) else
-                 f"the folder {os.path.dirname(args.json)!r} does not exist or is not writable"))
+            raise UserError(f"--json {args.json!r} cannot be written: " + ("it is a folder" if os.path.isdir(args.json)
+                            else f"the folder {os.path.dirname(args.json)!r} does not exist or is not writable"))
     table = policies or factors   # the row analyses of a recurrence: a table, and the rows as --json
     if table:
         model, ck = load(args.out_dir, args.ckpt, args.device, ("hrm", "unitf"), "cache policies are a recurrence's"
@@ -263,8 +259,8 @@ def main(argv=None):
     for kv in policies or []:
         try:
             engine.cache_slots(model, kv)
-        except ValueError as e:
-            fail(str(e))
+        except ValueError as e:   # the policy is not this model's
+            raise UserError(str(e)) from None
     c, name, n_seq = model.config, os.path.basename(os.path.normpath(args.out_dir)), args.batches * args.batch_size
     batches = val_batches(ck, args.data_dir, args.batches, args.batch_size, c.block_size)
     if policies:
@@ -317,4 +313,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    signals.main(main)

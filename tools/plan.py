@@ -27,21 +27,21 @@ import weakref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repo root: train.py, model.py, hrmlm/
 sys.path.insert(0, ROOT)
-if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on, torch's import included
-    from hrmlm.signals import exit_on_signals
-    exit_on_signals()
+from hrmlm import signals  # noqa: E402
 
-import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+if __name__ == "__main__":   # before torch's import (seconds): a signal is one line, at once
+    signals.guard("plan.py")
 
-from hrmlm.common import HelpFormatter, fail
-from configurator import ConfigError, apply_config, model_config, read_settings
-from hrmlm.data import load_meta, meta_path
-from model import build_model
-from hrmlm.parallel import shard_units
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+
+from configurator import apply_config, model_config, read_settings  # noqa: E402
+from hrmlm.common import HelpFormatter, UserError, load_meta, meta_path  # noqa: E402
+from hrmlm.parallel import shard_units  # noqa: E402
+from model import build_model  # noqa: E402
 
 GB = 1e9
 
@@ -205,8 +205,8 @@ def largest_fit(settings, world_size, gpu, reserve, fsdp, rows):
     seqs = settings["batch_size"] * settings["gradient_accumulation_steps"]
     per_gpu = seqs // world_size
     if seqs % world_size or not per_gpu:
-        raise ConfigError(f"batch_size x gradient_accumulation_steps = {seqs} is not divisible by "
-                          f"world_size={world_size}")
+        raise UserError(f"batch_size x gradient_accumulation_steps = {seqs} is not divisible by "
+                        f"world_size={world_size}")
     for b in (b for b in range(per_gpu, 0, -1) if per_gpu % b == 0):
         key = ("fsdp" if fsdp else "ddp", b)
         rows[key] = rows.get(key) or plan(settings, world_size, gpu, reserve, b, fsdp)
@@ -279,18 +279,18 @@ def main(argv=None):
     args, overrides = ap.parse_known_args(argv)
     bad = [o for o in overrides if not o.startswith("--")]
     if bad:
-        fail(f"unexpected arguments {bad}")
+        raise UserError(f"unexpected arguments {bad}")
     if args.world_size < 1 or not 0 < args.gpu_mem_gb < math.inf or not 0 <= args.reserve_gb < math.inf:
-        fail("--world_size >= 1, --gpu_mem_gb > 0 and --reserve_gb >= 0, each finite")
-    try:   # a ConfigError is a ValueError
+        raise UserError("--world_size >= 1, --gpu_mem_gb > 0 and --reserve_gb >= 0, each finite")
+    try:   # a UserError (a config's), or a ValueError of model.py's checks or of --markdown's numbers
         if args.markdown:
             gpu_gbs = [float(g) for g in args.markdown.split(",")]
             return markdown(args.configs, args.world_size, gpu_gbs, args.reserve_gb)
         for path in args.configs:
             report(path, train_settings([path] + overrides), args.world_size, args.gpu_mem_gb, args.reserve_gb)
     except ValueError as e:
-        fail(str(e))
+        raise UserError(str(e)) from None
 
 
 if __name__ == "__main__":
-    main()
+    signals.main(main)

@@ -15,19 +15,22 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root: model.py, hrmlm/
-if __name__ == "__main__":   # Ctrl-C, SIGTERM, SIGHUP: one line from here on, torch's import included
-    from hrmlm.signals import exit_on_signals
-    exit_on_signals()
-from hrmlm.checkpoint import CKPT_BEST, LOG, read_info, read_log, resume_path
-from hrmlm.common import HelpFormatter, check_output_path, fail
+from hrmlm import signals  # noqa: E402
+
+if __name__ == "__main__":   # before torch's and matplotlib's imports (seconds): a signal is one line, at once
+    signals.guard("plot.py")
+
+import matplotlib.ticker  # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402   (no pyplot: no GUI backend, nothing global)
+
+from hrmlm.checkpoint import CKPT_BEST, LOG, read_info, read_log, resume_path  # noqa: E402
+from hrmlm.common import HelpFormatter, UserError, check_output_path, unigram_ce  # noqa: E402
 
 
 def load_log(out_dir):
-    """A run's log (checkpoint.read_log), with a note for the lines it skipped; one line if there is none."""
-    try:
-        rows, skipped = read_log(out_dir)
-    except ValueError as e:
-        fail(str(e))
+    """A run's log (checkpoint.read_log), with a note for the lines it skipped; a UserError if there is none."""
+    rows, skipped = read_log(out_dir)
     if skipped:
         print(f"note: skipped {skipped} malformed line(s) in {os.path.join(out_dir, LOG)}", file=sys.stderr)
     return rows
@@ -41,7 +44,6 @@ def finite(v):
 def unigram_of(out_dir):
     """(dataset name, unigram CE) of the dataset a run trained on (from its checkpoint's config), or None."""
     try:
-        from hrmlm.data import unigram_ce
         best = os.path.join(out_dir, CKPT_BEST)
         cfg = read_info(best if os.path.exists(best) else resume_path(out_dir))["config"]
         if os.path.getsize(os.path.join(cfg["data_dir"], cfg["dataset"], "train.bin")) > 1 << 30:
@@ -66,27 +68,20 @@ def main(argv=None):
     labels = args.labels.split(",") if args.labels else [os.path.basename(os.path.normpath(r)) for r in args.runs]
     out = args.out or os.path.join(args.runs[0], "curves.png")   # beside the runs, not in the repository
     if len(labels) != len(args.runs):
-        fail(f"{len(labels)} labels for {len(args.runs)} runs")
-    try:   # before the work, not after it
-        check_output_path(out, "--out")
-    except ValueError as e:
-        fail(str(e))
-    from matplotlib.backend_bases import FigureCanvasBase
+        raise UserError(f"{len(labels)} labels for {len(args.runs)} runs")
+    check_output_path(out, "--out")   # before the work, not after it
     kinds, ext = FigureCanvasBase.get_supported_filetypes(), os.path.splitext(out)[1].lower().lstrip(".")
     if ext not in kinds:
-        fail(f"--out {out!r}: matplotlib cannot write {'.' + ext if ext else 'a file without an extension'}; "
-             f"use one of {', '.join('.' + k for k in sorted(kinds))}")
+        raise UserError(f"--out {out!r}: matplotlib cannot write "
+                        f"{'.' + ext if ext else 'a file without an extension'}; use one of "
+                        f"{', '.join('.' + k for k in sorted(kinds))}")
     curves = [[(r["iter"], r[args.metric]) for r in load_log(run) if finite(r.get(args.metric))] for run in args.runs]
     for run, points in zip(args.runs, curves):
         if not points:
-            fail(f"{os.path.join(run, LOG)} has no finite {args.metric} (a run that diverged from the start?); "
-                 f"nothing to draw")
-
-    import matplotlib
-    import matplotlib.ticker
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=150)
+            raise UserError(f"{os.path.join(run, LOG)} has no finite {args.metric} (a run that diverged from the "
+                            f"start?); nothing to draw")
+    fig = Figure(figsize=(6.4, 4.0), dpi=150)
+    ax = fig.subplots()
     for label, points in zip(labels, curves):
         x, y = zip(*points)
         ax.plot(x, y, marker="o", markersize=2.5, linewidth=1.4, label=f"{label} ({y[-1]:.3f})")
@@ -109,4 +104,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    signals.main(main)
