@@ -5,8 +5,8 @@ Peak host memory per rank of an FSDP run's checkpoint save and resume, on the CP
     python experiments/ckpt_memory.py --code=/path/to/other/checkout --label=before
 
 Three train.py runs on 2 ranks of a ~140M-parameter HRM (d=1536) on the character data (python prepare.py
---dataset=shakespeare_char): "start" builds the model and evaluates it (--eval_only), "save" trains 1 iteration and saves (ckpt.pt and the resume state), "resume"
-loads that resume state and evaluates (--eval_only). Each rank samples its own anonymous resident memory
+--dataset=shakespeare_char): "start" builds the model and evaluates it (--eval_only), "save" trains 1 iteration and
+saves (ckpt.pt and the resume state), "resume" loads that resume state and evaluates (--eval_only). Each rank samples its own anonymous resident memory
 (RssAnon: the heap, not file pages the kernel can drop, such as a memory-mapped checkpoint) every 2 ms and
 reports the peak. Prints one markdown row per phase and rank.
 """
@@ -56,8 +56,7 @@ def main():
     ap.add_argument("--data_dir", default=os.path.join(HERE, "data"), help="where shakespeare_char is")
     args = ap.parse_args()
     if not os.path.isfile(os.path.join(args.data_dir, "shakespeare_char", "train.bin")):   # one line, not 2 tracebacks
-        sys.exit(f"ckpt_memory.py: error: no {args.data_dir}/shakespeare_char; run `python prepare.py "
-                 f"--dataset=shakespeare_char` first")
+        raise UserError(f"no {args.data_dir}/shakespeare_char; run `python prepare.py --dataset=shakespeare_char` first")
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = os.path.join(tmp, "run")
         phases = {"start": ["--eval_only=True", f"--out_dir={out_dir}-start"],   # the model built, one evaluation
@@ -70,10 +69,8 @@ def main():
             env = dict(os.environ, CKPT_MEM_OUT=mark, OMP_NUM_THREADS="1", PYTHONPATH=args.code)
             p = subprocess.run(cmd, cwd=args.code, env=env, capture_output=True, text=True)
             if p.returncode:   # stop with the run's own exit status (a signal n: 128 + n)
-                sys.path.insert(0, HERE)
-                from hrmlm.common import SIGNALLED, fail
-                fail(f"{phase} failed:\n{p.stderr[-3000:]}",
-                     code=p.returncode if p.returncode > 0 else SIGNALLED - p.returncode)
+                raise UserError(f"{phase} failed:\n{p.stderr[-3000:]}",
+                                p.returncode if p.returncode > 0 else 128 - p.returncode)
             if phase == "start":
                 params = next(l for l in p.stdout.splitlines() if "parameters" in l).split(":")[1].split("parameters")[0]
             for rank in (0, 1):
@@ -83,4 +80,10 @@ def main():
 
 
 if __name__ == "__main__":
-    worker(os.environ["CKPT_MEM_OUT"]) if "RANK" in os.environ and "CKPT_MEM_OUT" in os.environ else main()
+    if "RANK" in os.environ and "CKPT_MEM_OUT" in os.environ:
+        worker(os.environ["CKPT_MEM_OUT"])
+    else:   # this checkout's modules only here: a rank (above) must import --code's, for the train.py it runs
+        import runner  # noqa: F401  (this checkout's root on sys.path, for hrmlm)
+        from hrmlm.common import UserError
+        from hrmlm.signals import main as entry_point
+        entry_point(main)

@@ -1,46 +1,45 @@
 """
-KV cache policies measured (docs/MODEL.md section 5): what sharing cache slots across a recurrence's steps
-costs in quality, against what it saves in memory, on the character testbed's trained models. For HRM post-
-and pre-norm, UniTF post-norm and UniTF with full backprop, at their chosen learning rates after 400
-iterations (experiments/sweep.py) and 4000 (experiments/long_run.py), and UniTF pre-norm after 400, 3 seeds each, it reads every policy of the model
-(HRM: full, last, fired; UniTF: full, last) with analyze.py's kv_table on 64 validation sequences of 128
-characters: token-by-token decoding's val CE, greedy agreement with exact decoding over 200 tokens, KV bytes
-per token, cached tok/s (one thread). Where a policy loses quality (UniTF under `last`) it tries Huginn's remedy:
-UniTF post-norm trained anew through that cache (train.py --train_kv=last, token by token; 400 iterations, the
-same lr and seeds, and at 3x and 10x the lr on one seed), its decoding under `last` paired with the standard runs'
-exact decoding; and UniTF pre-norm likewise (read at 400 iterations only), as post-norm's remedy stalls.
+KV cache policies measured (docs/MODEL.md section 5): what sharing cache slots across a recurrence's steps costs in
+quality, against what it saves in memory, on the character testbed's trained models: HRM post- and pre-norm, UniTF
+post-norm and with full backprop at their chosen lrs after 400 iterations (sweep.py) and 4000 (long_run.py), UniTF
+pre-norm after 400, 3 seeds each. Each policy (HRM: full, last, fired; UniTF: full, last) is read with analyze.py's
+kv_table on 64 validation sequences of 128 characters: decoding's val CE token by token, greedy agreement with exact
+decoding over 200 tokens, KV bytes per token. Where a policy loses quality (UniTF under `last`), Huginn's remedy:
+UniTF trained anew through that cache (train.py --train_kv=last; 400 iterations, the same lr and seeds, and 3x and
+10x the lr on one seed), decoded under `last` and paired with the standard runs' exact decoding.
 
-    python experiments/sweep.py && python experiments/long_run.py   # first: the runs this reads
-    python experiments/kv_policies.py            # rerun the runs whose readings are missing, read them, the table
+    python experiments/kv_policies.py            # rerun the runs whose readings (kv.json) are missing, read them
     python experiments/kv_policies.py --dry-run  # list the train.py commands it would rerun; run nothing
     python experiments/kv_policies.py --tables   # the table only, from the committed readings
     python experiments/kv_policies.py --speed    # time each variant's cached decoding alone; its tok/s go to the table
 
-The table's cached tok/s come from --speed, not from the readings: a reading times its decoding wherever it
-runs, often beside other runs, while --speed times every variant and policy in one process, one thread, in turns
-(so drift hits each alike), on a machine left to it, and only tokens that fit the block (a longer generation
-crops its context and recomputes each token in full). The work of a step does not depend on the weights, so each
-variant is timed with fresh weights of its runs' shape: no checkpoint needed.
-
-Checkpoints are not committed, so a run whose reading (kv.json beside its log) is missing is trained again
-(deterministic on CPU; only a rerun that reproduces its committed log is read), as long_run.py does. The
-reading is of the model after the last iteration (ckpt_last.dcp), whose CE the other tables report.
+The table's cached tok/s come from --speed, not the readings (timed beside other runs): every variant and policy in
+one process, one thread, in turns (drift hits each alike), tokens that fit the block only (past it each token is a
+full forward), with fresh weights of the runs' shape (a step's work does not depend on them).
 """
 
 import json
 import os
-import sys
+import statistics
+import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import long_run  # noqa: E402  (its chosen learning rates and its run commands)
-import stats  # noqa: E402
-import sweep  # noqa: E402  (the runner, the 400-iteration learning rates and the committed logs)
+import torch
+
+import report
+import runner
+from arms import LONG_ITERS, SEEDS, best_lr, command, long_chosen, long_job
+from configurator import model_config
+from hrmlm import engine, signals
+from hrmlm.common import atomic_write
+from model import build_model
+from tools.analyze import kv_table
+from tools.plan import train_settings
 
 REMEDIES = ["unitf-post train_kv=last", "unitf-pre train_kv=last"]   # Huginn's remedy for UniTF under `last`
 VARIANTS = ["hrm-post", "hrm-pre", "unitf-post", "unitf-pre", "unitf_full-post", *REMEDIES]
 LONG = ["hrm-post", "hrm-pre", "unitf-post", "unitf_full-post"]   # also read after the long runs' 4000 iterations
 POLICIES = {"hrm": ["full", "last", "fired"], "unitf": ["full", "last"]}
-LENGTHS = [400, long_run.ITERS]
+LENGTHS = [400, LONG_ITERS]
 
 
 def jobs_of(v, iters):
@@ -49,57 +48,41 @@ def jobs_of(v, iters):
     base = v.split()[0]
     if iters != 400 and v not in LONG:
         return []
-    lr = sweep.best_lr("char", base) if iters == 400 else long_run.chosen(base)
+    lr = best_lr("char", base) if iters == 400 else long_chosen(base)
     if lr is None:
         return []
     if v in REMEDIES:
-        return [sweep.command("char", base, lr, s, ["--train_kv=last"], out="out-trainkv") for s in sweep.SEEDS]
-    return [sweep.command("char", v, lr, s) if iters == 400 else long_run.job(v, lr, s) for s in sweep.SEEDS]
+        return [command("char", base, lr, s, ["--train_kv=last"], out="out-trainkv") for s in SEEDS]
+    return [command("char", v, lr, s) if iters == 400 else long_job(v, lr, s) for s in SEEDS]
 
 
 PROBES = (3, 10)   # the remedy at these multiples of the lr too (seed 1337): is a stall the lr's?
 
 
 def probe_jobs(v):
-    lr = sweep.best_lr("char", v.split()[0]) if v in REMEDIES else None
-    return [] if lr is None else [sweep.command("char", v.split()[0], float(f"{lr * f:.3g}"), sweep.SEEDS[0],
+    lr = best_lr("char", v.split()[0]) if v in REMEDIES else None
+    return [] if lr is None else [command("char", v.split()[0], float(f"{lr * f:.3g}"), SEEDS[0],
                                                 ["--train_kv=last"], out="out-trainkv") for f in PROBES]
 
 
 def runs(v, iters):
     """The variant's finished runs (their logs committed) for that length."""
-    return [(d, cmd) for d, cmd in jobs_of(v, iters) if sweep.finished(d)]
-
-
-def kv_path(out_dir):
-    return os.path.join(sweep.ROOT, sweep.log_dir(out_dir), "kv.json")
+    return [(d, cmd) for d, cmd in jobs_of(v, iters) if runner.finished(d)]
 
 
 def reading(out_dir):
     """The committed kv.json of a run, or None."""
-    path = kv_path(out_dir)
-    if not os.path.exists(path):
-        return None
-    return sweep.committed_json(path, (("rows", (list,)),))
+    return report.reading(out_dir, "kv.json", fields=(("rows", (list,)),))
 
 
 def read(out_dir):
-    """Read every policy of the run's last checkpoint and commit it beside the log (written last, atomically)."""
-    import torch
-    from tools.analyze import kv_table, load, val_batches
-    torch.set_num_threads(1)
-    model, ck = load(out_dir, sweep.last_ckpt(out_dir), "cpu", ("hrm", "unitf"))
-    if ck["iter_num"] != sweep.max_iters_of(sweep.facts(out_dir)["command"].split()):
-        return   # cut off before its last iteration: nothing to read yet
-    batches = val_batches(ck, os.path.join(sweep.ROOT, "data"), 16, 4, model.config.block_size)
-    rows = kv_table(model, batches, "cpu", POLICIES[model.config.arch])
-    path = kv_path(out_dir)
-    from hrmlm.common import atomic_write
-    with atomic_write(path) as f:
-        json.dump({"iter": ck["iter_num"], "rows": rows}, f, indent=1)
+    """Read every policy of the run's last checkpoint and commit it beside the log (kv.json)."""
+    report.reading(out_dir, "kv.json", lambda model, batches: {"rows": kv_table(model, batches, "cpu",
+                                                                                POLICIES[model.config.arch])},
+                   ("hrm", "unitf"))
 
 
-SPEED = os.path.join(sweep.ROOT, "experiments", "logs", "kv_speed.json")
+SPEED = os.path.join(runner.ROOT, "experiments", "logs", "kv_speed.json")
 
 
 def speed(reps=5, tokens=None, prompt=16):
@@ -108,56 +91,41 @@ def speed(reps=5, tokens=None, prompt=16):
     round. Every token must be a cached step: past block_size, generate crops the context and computes each
     token with a full forward, so tokens defaults to block_size - prompt, and more is refused. Written to SPEED
     (atomically)."""
-    import torch
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        rows, tokens = timings(reps, tokens, prompt)
-    finally:   # as it was: a caller's (a test's) later work keeps its threads
-        torch.set_num_threads(threads)
-    from hrmlm.common import atomic_write
-    with atomic_write(SPEED) as f:
-        json.dump({"threads": 1, "reps": reps, "tokens": tokens, "prompt": prompt, "tok_s": rows}, f, indent=1)
-
-
-def timings(reps, tokens, prompt):
-    import statistics
-    import time
-    import torch
-    from hrmlm import engine
-    from configurator import model_config
-    from model import build_model
-    from tools.plan import train_settings
     models = {}
     for v in VARIANTS:
-        _, cmd = jobs_of(v, 400)[0]
         torch.manual_seed(0)
-        models[v] = build_model(model_config(train_settings(cmd[2:]))).eval()
+        models[v] = build_model(model_config(train_settings(jobs_of(v, 400)[0][1][2:]))).eval()
     room = min(m.config.block_size for m in models.values()) - prompt
-    if tokens is None:
-        tokens = room
+    tokens = room if tokens is None else tokens
     if tokens > room:
         raise ValueError(f"{prompt} + {tokens} tokens outgrow block_size {room + prompt}: the tokens past it would "
                          "each be a full forward, not a cached step")
     g = torch.Generator().manual_seed(0)
     x = {v: torch.randint(0, m.config.vocab_size, (1, prompt), generator=g) for v, m in models.items()}
     times = {(v, kv): [] for v, m in models.items() for kv in POLICIES[m.config.arch]}
-    with torch.no_grad():
-        for r in range(reps + 1):   # round 0 warms up: not counted
-            for v, kv in times:
-                t0 = time.perf_counter()
-                engine.generate(models[v], x[v], tokens, temperature=0, kv=kv)
-                if r:
-                    times[v, kv].append(time.perf_counter() - t0)
-            print(f"round {r}/{reps} timed", flush=True)
-    return {v: {kv: tokens / statistics.median(ts) for (w, kv), ts in times.items() if w == v} for v in models}, tokens
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            for r in range(reps + 1):   # round 0 warms up: not counted
+                for v, kv in times:
+                    t0 = time.perf_counter()
+                    engine.generate(models[v], x[v], tokens, temperature=0, kv=kv)
+                    if r:
+                        times[v, kv].append(time.perf_counter() - t0)
+                print(f"round {r}/{reps} timed", flush=True)
+    finally:   # as it was: a caller's (a test's) later work keeps its threads
+        torch.set_num_threads(threads)
+    rows = {v: {kv: tokens / statistics.median(ts) for (w, kv), ts in times.items() if w == v} for v in models}
+    with atomic_write(SPEED) as f:
+        json.dump({"threads": 1, "reps": reps, "tokens": tokens, "prompt": prompt, "tok_s": rows}, f, indent=1)
 
 
 def speeds():
     """--speed's tok/s by variant and policy, or {} before it has run."""
     if not os.path.exists(SPEED):
         return {}
-    return sweep.committed_json(SPEED, (("tok_s", (dict,)),)).get("tok_s", {})
+    return runner.committed_json(SPEED, (("tok_s", (dict,)),)).get("tok_s", {})
 
 
 def missing():
@@ -165,9 +133,9 @@ def missing():
     seed by seed (every variant's first seed before any variant's second), so that a stopped session leaves each
     variant read at as many seeds as the others, not some complete and some unread."""
     jobs = [j for v in VARIANTS for j in runs(v, 400)]
-    jobs += [j for v in REMEDIES for j in probe_jobs(v) if sweep.finished(j[0])]
-    jobs += [j for n in LENGTHS[1:] for i in range(len(sweep.SEEDS)) for v in VARIANTS for j in jobs_of(v, n)[i:i + 1]
-             if sweep.finished(j[0])]
+    jobs += [j for v in REMEDIES for j in probe_jobs(v) if runner.finished(j[0])]
+    jobs += [j for n in LENGTHS[1:] for i in range(len(SEEDS)) for v in VARIANTS for j in jobs_of(v, n)[i:i + 1]
+             if runner.finished(j[0])]
     return [(d, cmd) for d, cmd in jobs if reading(d) is None]
 
 
@@ -181,17 +149,17 @@ def table():
              "|---|---|---|---|---|---|---|---|---|"]
     for v in VARIANTS:
         for n in LENGTHS:
-            read_runs = {sweep.seed_of(d): r for d, _ in runs(v, n) if (r := reading(d))}
+            read_runs = {runner.seed_of(d): r for d, _ in runs(v, n) if (r := reading(d))}
             if not read_runs:
                 continue
             by = {s: {r["kv"]: r for r in k["rows"]} for s, k in read_runs.items()}
             for kv in next(iter(by.values())):
                 ce = {s: rows[kv]["ce"] for s, rows in by.items()}
-                m, sd, k = sweep.mean_sd(list(ce.values()))
-                d = None if kv == "full" else stats.paired(ce, {s: rows["full"]["ce"] for s, rows in by.items()})
+                m, sd, k = report.mean_sd(list(ce.values()))
+                d = None if kv == "full" else report.paired(ce, {s: rows["full"]["ce"] for s, rows in by.items()})
                 diff = "-" if kv == "full" else "too few seeds" if d is None else \
-                    f"{d.diff:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}], p = {stats.p_text(d.p)}"   # 4 places: small effects
-                agree = sweep.mean_sd([rows[kv]["greedy_agree"] for rows in by.values()])[0]
+                    f"{d.diff:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}], p = {report.p_text(d.p)}"   # 4 places: small effects
+                agree = report.mean_sd([rows[kv]["greedy_agree"] for rows in by.values()])[0]
                 tok_s = f"{fast[v][kv]:.0f}" if kv in fast.get(v, {}) else "-"
                 lines.append(f"| {v} | {n} | {kv} | {k} | {m:.4f} ± {sd:.4f} | {diff} | {agree:.3f} | "
                              f"{next(iter(by.values()))[kv]['kv_bytes_per_token']} | {tok_s} |")
@@ -206,55 +174,45 @@ def remedy_line():
     lines = []
     for remedy in REMEDIES:
         base = remedy.split()[0]
-        ce = [{sweep.seed_of(d): next(r["ce"] for r in k["rows"] if r["kv"] == kv)
+        ce = [{runner.seed_of(d): next(r["ce"] for r in k["rows"] if r["kv"] == kv)
                for d, _ in runs(v, 400) if (k := reading(d))} for v, kv in ((remedy, "last"), (base, "full"))]
-        d = stats.paired(*ce)
+        d = report.paired(*ce)
         if d is not None:
             lines.append(f"- {remedy} decoded under `last`, against {base} decoded exactly (same seeds, paired): "
-                         f"{d.diff:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}], p = {stats.p_text(d.p)} ({d.n} seeds)")
+                         f"{d.diff:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}], p = {report.p_text(d.p)} ({d.n} seeds)")
         for f, (out_dir, _) in zip(PROBES, probe_jobs(remedy)):
             if k := reading(out_dir):
                 last = next(r["ce"] for r in k["rows"] if r["kv"] == "last")
-                lines.append(f"  - at {f}x its lr (seed {sweep.SEEDS[0]}): decoding CE under `last` {last:.4f}")
+                lines.append(f"  - at {f}x its lr (seed {SEEDS[0]}): decoding CE under `last` {last:.4f}")
     return "".join("\n" + line for line in lines) + ("\n" if lines else "")
 
 
 def main():
-    ap = sweep.runner_parser(__doc__, "print the table only, from the committed readings")
+    ap = runner.runner_parser(__doc__, "print the table only, from the committed readings")
     ap.add_argument("--speed", action="store_true", help="time each variant's cached decoding (one thread; leave "
                     "the machine to it), write experiments/logs/kv_speed.json and print the table; train and read nothing")
     args = ap.parse_args()
-    os.chdir(sweep.ROOT)
+    os.chdir(runner.ROOT)
     if args.speed and (args.tables or args.dry_run):
         ap.error("--speed times decoding and prints the table: give it alone")
     if args.speed:
-        sweep.require_data("kv_policies.py", [("shakespeare_char", "--dataset=shakespeare_char")])
+        runner.require_data([("shakespeare_char", "--dataset=shakespeare_char")])
         speed()
         print(table())
         return
+    train = [j for v in REMEDIES for j in jobs_of(v, 400) + probe_jobs(v)]   # the remedy's runs, trained here
     if args.dry_run:
-        for d, cmd in (j for v in REMEDIES for j in jobs_of(v, 400) + probe_jobs(v)):
-            if not sweep.finished(d):
-                print(f"# train, then read it: OMP_NUM_THREADS=1 python {' '.join(cmd[1:])}")
-        for d, cmd in missing():
-            print(f"# rerun for its checkpoint, then read it: OMP_NUM_THREADS=1 python {' '.join(cmd[1:])}")
-        return
+        return runner.dry_run(train, missing())
     if not args.tables:
-        sweep.require_data("kv_policies.py", [("shakespeare_char", "--dataset=shakespeare_char")])
-        train = [j for v in REMEDIES for j in jobs_of(v, 400) + probe_jobs(v) if not sweep.finished(j[0])]
-        if train:
-            sweep.run_all(train, args.workers)
+        runner.require_data([("shakespeare_char", "--dataset=shakespeare_char")])
+        runner.run_all(train, args.workers)
         jobs = missing()
         print(f"{len(jobs)} runs to rerun and read", flush=True)
         for i in range(0, len(jobs), args.workers):   # read each group as it finishes, not all at the end
             group = [(d, c) for d, c in jobs[i:i + args.workers] if reading(d) is None]   # another runner's since
-            for d in sweep.run_all(group, args.workers, rerun=True) if group else ():
-                print(f"reading {d}", flush=True)
-                read(d)
+            runner.rerun_and_read(group, args.workers, read)
     print(table())
 
 
 if __name__ == "__main__":
-    from hrmlm.signals import exit_on_signals   # Ctrl-C, SIGTERM, SIGHUP: one line in every phase
-    exit_on_signals()
-    main()
+    signals.main(main)

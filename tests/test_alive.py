@@ -120,14 +120,14 @@ def test_alive_selection_chooses_only_alive_runs_on_the_selection_seeds(monkeypa
     from conftest import ROOT
     sys.path.insert(0, os.path.join(ROOT, "experiments"))
     import alive
-    import sweep
-    monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
+    import runner
+    monkeypatch.setattr(runner, "ROOT", str(tmp_path))
     monkeypatch.setattr(alive, "REACH", 1)
     monkeypatch.setattr(alive, "HRM_START", (0, -1))
     monkeypatch.setattr(alive, "REMEDIES", {"paper": [], "fixed": ["--learn_alpha=False"]})
 
     def commit(remedy, k, seed, ce, off_both=None):
-        d = tmp_path / sweep.log_dir(alive.job("hrm-nt8", remedy, k, seed)[0])
+        d = tmp_path / runner.log_dir(alive.job("hrm-nt8", remedy, k, seed)[0])
         d.mkdir(parents=True)
         (d / "run.json").write_text(json.dumps({"diverged": False, "final_val": ce}))
         if off_both is not None:
@@ -135,7 +135,7 @@ def test_alive_selection_chooses_only_alive_runs_on_the_selection_seeds(monkeypa
 
     def todo():
         return sorted((d.split(os.sep)[1], d.split(os.sep)[2]) for d, _ in alive.phase_a("hrm-nt8")
-                      if not sweep.finished(d))
+                      if not runner.finished(d))
 
     assert todo() == [("hrm-nt8-fixed", "lr1e-2-s7"), ("hrm-nt8-fixed", "lr5e-3-s7"), ("hrm-nt8-paper", "lr1e-2-s7"),
                       ("hrm-nt8-paper", "lr5e-3-s7")]
@@ -154,7 +154,7 @@ def test_alive_selection_chooses_only_alive_runs_on_the_selection_seeds(monkeypa
     commit("fixed", -1, 8, 1.70)
     assert alive.chosen("hrm-nt8") == ("fixed", -1)      # 1.74 + 1.70 < 1.72 + 1.80
     test = alive.phase_c("hrm-nt8")
-    assert [next(a for a in cmd if a.startswith("--seed=")) for _, cmd in test] == [f"--seed={s}" for s in sweep.SEEDS]
+    assert [next(a for a in cmd if a.startswith("--seed=")) for _, cmd in test] == [f"--seed={s}" for s in alive.SEEDS]
     assert all(d.startswith(os.path.join("out-alive", "hrm-nt8-fixed", "lr5e-3-s")) and "--learn_alpha=False" in cmd
                for d, cmd in test)
 
@@ -190,12 +190,12 @@ def test_next_jobs_fills_the_last_round_from_the_next_groups(monkeypatch):
     from conftest import ROOT
     sys.path.insert(0, os.path.join(ROOT, "experiments"))
     import alive
-    import sweep
+    import runner
     gs = [[("a", 0), ("b", 0), ("c", 0)], [("d", 0), ("e", 0)], [("f", 0)]]
     monkeypatch.setattr(alive, "groups", lambda: gs)
-    monkeypatch.setattr(sweep, "finished", lambda d: d == "b")
+    monkeypatch.setattr(runner, "finished", lambda d: d == "b")
     assert [d for d, _ in alive.next_jobs(2)] == ["a", "c"]           # a round of 2: nothing to fill
-    monkeypatch.setattr(sweep, "finished", lambda d: False)
+    monkeypatch.setattr(runner, "finished", lambda d: False)
     assert [d for d, _ in alive.next_jobs(2)] == ["a", "b", "c", "d"]   # e waits for the next plan
     assert [d for d, _ in alive.next_jobs(4)] == ["a", "b", "c", "d"]
     assert [d for d, _ in alive.next_jobs(5)] == ["a", "b", "c", "d", "e"]   # groups short of a round: all of them
@@ -210,28 +210,29 @@ def test_a_choice_that_is_section_9s_setting_is_read_on_its_reruns(monkeypatch, 
     from conftest import ROOT
     sys.path.insert(0, os.path.join(ROOT, "experiments"))
     import alive
-    import equalparam as ep
-    import sweep
+    import arms
+    import report
+    import runner
     arm, k = "hrm-nt8-d256", -2
-    monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
-    monkeypatch.setattr(ep, "shown_k", lambda a: (k, True) if a == arm else (None, False))
+    monkeypatch.setattr(runner, "ROOT", str(tmp_path))
+    monkeypatch.setattr(arms, "shown_k", lambda a: (k, True) if a == arm else (None, False))
     monkeypatch.setattr(alive, "chosen", lambda a: ("paper", k) if a == arm else None)
 
     def commit(out_dir, ce, reading=None):
-        d = tmp_path / sweep.log_dir(out_dir)
+        d = tmp_path / runner.log_dir(out_dir)
         d.mkdir(parents=True)
         (d / "run.json").write_text(json.dumps({"diverged": False, "final_val": ce, "command": f"x --seed={s}"}))
         (d / "log.jsonl").write_text(json.dumps({"iter": 2000, "val_loss": ce, "alpha_L": 0.5, "alpha_H": 0.5}) + "\n")
         if reading:
             (d / "alive.json").write_text(json.dumps(reading))
 
-    for i, s in enumerate(sweep.SEEDS):
-        commit(ep.job(arm, k, s)[0], 1.70 + i / 100)   # section 9's run: no checkpoint, no reading
+    for i, s in enumerate(arms.SEEDS):
+        commit(arms.arm_job(arm, k, s)[0], 1.70 + i / 100)   # section 9's run: no checkpoint, no reading
         commit(alive.job(arm, "paper", k, s, name=f"{arm}-rerun")[0], 1.71,
                {"off_both": 1.3, "off_L": 1.2, "off_H": 0.01, "alpha_L": 0.18, "alpha_H": -0.001, "h_frozen": 0.9,
-                "depth": [{"varied": "N", "ce": 2.0 + f} for f in sweep.DEPTHS]})
+                "depth": [{"varied": "N", "ce": 2.0 + f} for f in report.DEPTHS]})
         commit(alive.phase_w()[i][0], 1.80 + 2 * i / 100)   # the width control at d=128
-    assert alive.job(arm, "paper", k, sweep.SEEDS[0])[0] == ep.job(arm, k, sweep.SEEDS[0])[0]
+    assert alive.job(arm, "paper", k, arms.SEEDS[0])[0] == arms.arm_job(arm, k, arms.SEEDS[0])[0]
     alive.test_table()
     out = capsys.readouterr().out
     width = next(line for line in out.splitlines() if line.startswith(f"| {arm} (section 9) | hrm-nt8 at lr 1.25e-3 |"))
@@ -252,25 +253,28 @@ def test_earlier_reruns_are_the_committed_commands_in_folders_of_their_own():
     from conftest import ROOT
     sys.path.insert(0, os.path.join(ROOT, "experiments"))
     import alive
-    import sweep
+    import arms
+    import report
+    import runner
     got = alive.earlier()
     assert sorted({sec for sec, *_ in got}) == ["2-5", "3", "4", "5", "6", "7"] and len(got) == 6 + 12 + 6 + 6 + 6 + 19
     for sec, v, lr, s, d, (rerun, cmd) in got:
-        committed = sweep.facts(d)["command"].split()[1:]
+        committed = runner.facts(d)["command"].split()[1:]
         assert cmd[1:] == [a.replace(d, rerun) for a in committed], (sec, v, s)
     reruns = [rerun for *_, (rerun, _) in got]
     for s, (rerun, cmd) in zip(alive.SEEDS, alive.phase_warm()):   # section 9's warmup control, as phase_r's arms
-        committed = alive.ep.control_job(s)[0]
-        assert cmd[1:] == [a.replace(committed, rerun) for a in sweep.facts(committed)["command"].split()[1:]], s
+        committed = arms.control_job(s)[0]
+        assert cmd[1:] == [a.replace(committed, rerun) for a in runner.facts(committed)["command"].split()[1:]], s
         reruns.append(rerun)
     assert len(reruns) == len(got) + 3
     commands = {}   # one command per out_dir across every phase (a phase may list another's run again, never alter it)
     for d, cmd in (j for g in alive.groups() for j in g):
         assert commands.setdefault(d, cmd) == cmd, d
     assert len(set(reruns)) == len(reruns)
-    assert not {sweep.log_dir(r) for r in reruns} & {sweep.log_dir(d) for *_, d, _ in got}
-    unread = [r for r in reruns if not os.path.exists(alive.alive_path(r))]   # every arm RESULTS compares has its
-    assert not unread, unread                                                  # alphas and blocks-off costs
+    assert not {runner.log_dir(r) for r in reruns} & {runner.log_dir(d) for *_, d, _ in got}
+    # every arm RESULTS compares has its alphas and blocks-off costs
+    unread = [r for r in reruns if not os.path.exists(report.reading_path(r, "alive.json"))]
+    assert not unread, unread
 
 
 def test_a_model_without_a_slow_block_shows_a_dash_for_it(monkeypatch, tmp_path):
@@ -280,10 +284,10 @@ def test_a_model_without_a_slow_block_shows_a_dash_for_it(monkeypatch, tmp_path)
     from conftest import ROOT
     sys.path.insert(0, os.path.join(ROOT, "experiments"))
     import alive
-    import sweep
-    monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
+    import runner
+    monkeypatch.setattr(runner, "ROOT", str(tmp_path))
     out_dir = os.path.join("out-alive", "s3", "char", "hrm_fast_only-post", "lr3e-3-s1337")
-    d = tmp_path / sweep.log_dir(out_dir)
+    d = tmp_path / runner.log_dir(out_dir)
     d.mkdir(parents=True)
     (d / "alive.json").write_text(json.dumps({"alpha_L": 0.115, "alpha_H": None, "off_L": 0.409, "off_H": None,
                                               "off_both": 0.409, "h_frozen": 0.0}))

@@ -23,6 +23,9 @@ import pytest
 from conftest import ROOT, fresh_clone, md_tables, patched
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import arms  # noqa: E402
+import report  # noqa: E402
+import runner  # noqa: E402
 import sweep  # noqa: E402
 
 SCRIPTS = ("sweep.py", "long_run.py", "beyond_paper.py", "kv_policies.py", "equalparam.py", "alive.py")
@@ -246,46 +249,46 @@ def test_committed_runs_are_not_run_again(checkout):
 
 def fake_run(monkeypatch, tmp_path, results):
     """Commit made-up finished runs {(variant, lr): final val} of the character testbed under tmp_path."""
-    monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
+    monkeypatch.setattr(runner, "ROOT", str(tmp_path))
     for (v, lr), val in results.items():
-        d = tmp_path / sweep.log_dir(sweep.run_dir("char", v, lr, sweep.SEEDS[0]))
+        d = tmp_path / runner.log_dir(arms.run_dir("char", v, lr, arms.SEEDS[0]))
         d.mkdir(parents=True)
         (d / "run.json").write_text(json.dumps({"diverged": val is None, "final_val": val}))
 
 
 def test_best_lr_is_settled_only_when_bracketed(monkeypatch, tmp_path):
-    grid = dict(zip(sweep.LRS, [2.6, 2.4, 2.3, 2.2]))   # best at the top edge: not settled, one step up to run
+    grid = dict(zip(arms.LRS, [2.6, 2.4, 2.3, 2.2]))   # best at the top edge: not settled, one step up to run
     fake_run(monkeypatch, tmp_path, {("hrm-post", lr): v for lr, v in grid.items()})
-    assert sweep.best_lr("char", "hrm-post") == 1e-2 and not sweep.settled("char", "hrm-post")
+    assert arms.best_lr("char", "hrm-post") == 1e-2 and not arms.settled("char", "hrm-post")
     assert [cmd for _, cmd in sweep.edge_runs("char")][0][3] == "--learning_rate=0.03"   # the one job
     fake_run(monkeypatch, tmp_path, {("hrm-post", 3e-2): None})   # diverged: a worse lr above the best
-    assert sweep.best_lr("char", "hrm-post") == 1e-2 and sweep.settled("char", "hrm-post")
+    assert arms.best_lr("char", "hrm-post") == 1e-2 and arms.settled("char", "hrm-post")
     assert sweep.edge_runs("char") == []
 
 
 def test_a_run_counts_as_finished_only_with_its_facts(monkeypatch, tmp_path):
-    monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
-    out_dir = sweep.run_dir("char", "hrm-post", 1e-3, 1337)
-    d = tmp_path / sweep.log_dir(out_dir)
+    monkeypatch.setattr(runner, "ROOT", str(tmp_path))
+    out_dir = arms.run_dir("char", "hrm-post", 1e-3, 1337)
+    d = tmp_path / runner.log_dir(out_dir)
     d.mkdir(parents=True)
     (d / "log.jsonl").write_text(json.dumps({"iter": 400, "val_loss": 2.0}) + "\n")
-    assert not sweep.finished(out_dir) and sweep.final_val(out_dir) == math.inf
+    assert not runner.finished(out_dir) and runner.final_val(out_dir) == math.inf
     (d / "run.json").write_text(json.dumps({"diverged": False, "final_val": 2.0}))
-    assert sweep.finished(out_dir) and sweep.final_val(out_dir) == 2.0
-    assert sweep.log_dir("out-sweep/char/a/b") == os.path.join("experiments", "logs", "sweep", "char", "a", "b")
-    assert sweep.log_dir("/elsewhere/runs/x") == "/elsewhere/runs/x"   # a user's own --out keeps its logs
+    assert runner.finished(out_dir) and runner.final_val(out_dir) == 2.0
+    assert runner.log_dir("out-sweep/char/a/b") == os.path.join("experiments", "logs", "sweep", "char", "a", "b")
+    assert runner.log_dir("/elsewhere/runs/x") == "/elsewhere/runs/x"   # a user's own --out keeps its logs
 
 
 def test_difference_standard_error():
-    d, se = sweep.difference({"a": (2.0, 0.3, 3), "b": (2.5, 0.4, 3)}, "a", "b")
+    d, se = report.difference({"a": (2.0, 0.3, 3), "b": (2.5, 0.4, 3)}, "a", "b")
     assert d == pytest.approx(-0.5) and se == pytest.approx(math.sqrt(0.09 / 3 + 0.16 / 3))
-    assert sweep.difference({"a": (2.0, 0.0, 1), "b": (2.5, 0.4, 3)}, "a", "b") is None   # one seed: no se
+    assert report.difference({"a": (2.0, 0.0, 1), "b": (2.5, 0.4, 3)}, "a", "b") is None   # one seed: no se
 
 
 def test_a_rerun_is_checked_against_its_committed_log(monkeypatch, tmp_path, capsys):
     """long_run.py reruns finished runs for their checkpoints; each rerun must reproduce its committed log
     (every logged number but the time), or the readings taken from it are flagged as the rerun's."""
-    monkeypatch.setattr(sweep, "log_dir", lambda d: str(tmp_path / "committed"))   # where its log is committed
+    monkeypatch.setattr(runner, "log_dir", lambda d: str(tmp_path / "committed"))   # where its log is committed
     out_dir = tmp_path / "rerun"                                                    # where it reran
     rows = [{"iter": 0, "train_loss": 4.38, "val_loss": 4.384, "time_s": 4.7},
             {"iter": 200, "train_loss": 2.47, "val_loss": 2.496, "time_s": 51.0}]
@@ -294,11 +297,11 @@ def test_a_rerun_is_checked_against_its_committed_log(monkeypatch, tmp_path, cap
         (folder / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     later = [dict(r, time_s=r["time_s"] * 2) for r in rows]          # slower, otherwise identical
     (out_dir / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in later))
-    sweep.check_rerun(str(out_dir))
+    runner.check_rerun(str(out_dir))
     assert "reproduces its committed log exactly (2 rows)" in capsys.readouterr().out
     later[1]["val_loss"] = 2.497                                        # one digit off at iteration 200
     (out_dir / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in later))
-    sweep.check_rerun(str(out_dir))
+    runner.check_rerun(str(out_dir))
     out = capsys.readouterr().out
     assert "WARNING" in out and "at iteration 200" in out, out
 
@@ -307,32 +310,31 @@ def test_a_rerun_that_is_still_here_is_not_run_a_third_time(monkeypatch, tmp_pat
     """A runner stopped while reading a rerun's checkpoint leaves it behind; the next one uses it (kept_rerun)
     instead of training the run again, but only where it is the last iteration's and the log reproduces."""
     import torch
-    monkeypatch.setattr(sweep, "log_dir", lambda d: str(tmp_path / "committed"))
+    monkeypatch.setattr(runner, "log_dir", lambda d: str(tmp_path / "committed"))
     out_dir = tmp_path / "rerun"
     rows = "".join(json.dumps({"iter": i, "val_loss": 2.0 - i / 1000, "time_s": i}) + "\n" for i in (0, 400))
     for folder in (tmp_path / "committed", out_dir):
         folder.mkdir()
         (folder / "log.jsonl").write_text(rows)
     cmd = ["python", "train.py", "--max_iters=400"]
-    assert not sweep.kept_rerun(str(out_dir), cmd)                                 # no checkpoint
+    assert not runner.kept_rerun(str(out_dir), cmd)                                # no checkpoint
     (out_dir / "ckpt_last.dcp").mkdir()
     torch.save({"iter_num": 200}, out_dir / "ckpt_last.dcp" / "meta.pt")
-    assert not sweep.kept_rerun(str(out_dir), cmd)                                 # cut off at 200
+    assert not runner.kept_rerun(str(out_dir), cmd)                                # cut off at 200
     torch.save({"iter_num": 400}, out_dir / "ckpt_last.dcp" / "meta.pt")
-    assert sweep.kept_rerun(str(out_dir), cmd)
-    assert sweep.run_all([(str(out_dir), cmd)], 1, rerun=True) == [str(out_dir)]   # read as is, nothing run
+    assert runner.kept_rerun(str(out_dir), cmd)
+    assert runner.run_all([(str(out_dir), cmd)], 1, rerun=True) == [str(out_dir)]   # read as is, nothing run
     assert "rerunning 0 finished runs" in capsys.readouterr().out
     (out_dir / "log.jsonl").write_text(rows.replace("1.6", "1.7"))                 # a log that differs
-    assert not sweep.kept_rerun(str(out_dir), cmd)
+    assert not runner.kept_rerun(str(out_dir), cmd)
 
 
 def test_training_time_adds_up_across_a_resume():
-    """train.py's time_s restarts at 0 on a resume; the long run's total counts both stretches."""
-    import long_run   # experiments/ is on the path (above)
+    """train.py's time_s restarts at 0 on a resume; a study's total counts both stretches."""
     log = [{"iter": 0, "time_s": 5.0}, {"iter": 200, "time_s": 50.0},      # cut off after 50 s
            {"iter": 400, "time_s": 45.0}, {"iter": 600, "time_s": 90.0}]   # resumed: 90 s more
-    assert long_run.train_seconds(log) == 140.0
-    assert long_run.train_seconds(log[:2]) == 50.0
+    assert report.train_seconds(log) == 140.0
+    assert report.train_seconds(log[:2]) == 50.0
 
 
 def test_runners_stop_before_any_run_without_data(checkout):
@@ -349,18 +351,18 @@ def test_a_cut_off_checkpoint_is_not_read(monkeypatch, tmp_path):
     """A rerun cut off mid-way leaves a ckpt_last.dcp from before the last iteration: analysis() must not read
     it (nor cache a reading of it) as the finished run's."""
     from tools import analyze
-    monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
+    monkeypatch.setattr(runner, "ROOT", str(tmp_path))
     out_dir = tmp_path / "out-long" / "run"
     out_dir.mkdir(parents=True)
     (out_dir / "ckpt_last.dcp").mkdir()
-    monkeypatch.setattr(sweep, "log_dir", lambda d: str(tmp_path / "committed"))
+    monkeypatch.setattr(runner, "log_dir", lambda d: str(tmp_path / "committed"))
     (tmp_path / "committed").mkdir()
     (tmp_path / "committed" / "run.json").write_text(json.dumps(
         {"command": "python train.py config/char_hrm.py --max_iters=4000", "diverged": False, "final_val": 1.7}))
     monkeypatch.setattr(analyze, "load", lambda *a, **k: (None, {"iter_num": 2200}))   # cut off at 2200 of 4000
     monkeypatch.setattr(analyze.torch, "set_num_threads", lambda n: None)   # the tests after it keep their threads
-    assert sweep.analysis(str(out_dir)) is None
-    assert not os.path.exists(sweep.analysis_path(str(out_dir)))
+    assert report.analysis(str(out_dir)) is None
+    assert not os.path.exists(report.reading_path(str(out_dir), "analysis.json"))
 
 
 if __name__ == "__main__":
@@ -383,17 +385,17 @@ def test_phi_counts_each_hrm_module_where_it_runs():
     pass, the Slow module N times."""
     import equalparam as ep
     once, rec = ep.param_split("hrm-nt4")
-    facts = next(sweep.facts(d) for d in ep.chosen_dirs("hrm-nt4"))
+    facts = next(runner.facts(d) for d in ep.chosen_dirs("hrm-nt4"))
     assert once + sum(n for _, n in rec) == facts["params"]
     assert [r for r, _ in rec] == [4, 2] and all(n > 0.2 * once for _, n in rec)
 
 
 def test_equalparam_shows_a_provisional_best_until_the_runner_up_has_its_seeds(monkeypatch, tmp_path):
     import equalparam as ep
-    monkeypatch.setattr(sweep, "ROOT", str(tmp_path))
+    monkeypatch.setattr(runner, "ROOT", str(tmp_path))
 
     def commit(k, seed, val):
-        d = tmp_path / sweep.log_dir(ep.job("tf-d64", k, seed)[0])
+        d = tmp_path / runner.log_dir(ep.job("tf-d64", k, seed)[0])
         d.mkdir(parents=True)
         (d / "run.json").write_text(json.dumps({"diverged": False, "final_val": val}))
 
@@ -415,8 +417,8 @@ def test_a_run_another_runner_finished_meanwhile_is_not_run_again(monkeypatch, t
     out_dir = str(tmp_path / "run")
     cmd = [sys.executable, "-c", "raise SystemExit('trained again')"]
     calls = []
-    monkeypatch.setattr(sweep, "finished", lambda d: calls.append(d) or len(calls) > 1)   # unfinished when planned
-    sweep.run_all([(out_dir, cmd)], 1)
+    monkeypatch.setattr(runner, "finished", lambda d: calls.append(d) or len(calls) > 1)   # unfinished when planned
+    runner.run_all([(out_dir, cmd)], 1)
     out = capsys.readouterr().out
     assert "another runner finished it" in out and "FAILED" not in out, out
     assert not os.path.exists(os.path.join(out_dir, "train.out")), "the run was launched"

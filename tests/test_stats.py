@@ -1,8 +1,10 @@
-"""experiments/stats.py (the tests every runner reports a difference with) against published t-table values, and
-experiments/equalparam.py's phases (which runs it asks for, given which have finished) on made-up results."""
+"""experiments/report.py's statistics (the tests every study reports a difference with) against published t-table
+values, and experiments/equalparam.py's phases (which runs it asks for, given which have finished) on made-up
+results."""
 
 import math
 import os
+import statistics
 import sys
 
 import pytest
@@ -11,41 +13,46 @@ from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import equalparam  # noqa: E402
-import stats  # noqa: E402
-from stats import paired, verdict, welch  # noqa: E402
-import sweep  # noqa: E402
+import report  # noqa: E402
+from report import paired, verdict, welch  # noqa: E402
+import runner  # noqa: E402
 
 
 @pytest.mark.parametrize("df,t975", [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042)])
 def test_t_quantiles_match_the_table(df, t975):
-    assert stats.t_quantile(0.975, df) == pytest.approx(t975, abs=1e-3)
-    assert stats.t_two_sided(t975, df) == pytest.approx(0.05, abs=1e-4)
+    """A paired difference of df + 1 pairs: its 95% interval is t975 standard errors wide on each side, and a mean
+    t975 standard errors from 0 has p = 0.05."""
+    spread = [i - df / 2 for i in range(df + 1)]   # mean 0
+    se = statistics.stdev(spread) / math.sqrt(df + 1)
+    d = report.paired({i: x + t975 * se for i, x in enumerate(spread)}, {i: 0.0 for i in range(df + 1)})
+    assert (d.hi - d.diff) / se == pytest.approx(t975, abs=1e-3) and d.df == df
+    assert d.p == pytest.approx(0.05, abs=1e-4)
 
 
 def test_welch_and_paired_by_hand():
     a, b = [2.26, 2.13, 2.28], [1.95, 1.99, 1.98]
-    w = stats.welch(a, b)   # se^2 = var(a)/3 + var(b)/3; Welch-Satterthwaite df
+    w = report.welch(a, b)   # se^2 = var(a)/3 + var(b)/3; Welch-Satterthwaite df
     assert w.diff == pytest.approx(0.25) and w.df == pytest.approx(2.2602, abs=1e-4)
     assert w.p == pytest.approx(0.02745, abs=1e-4) and (w.lo, w.hi) == pytest.approx((0.0626, 0.4374), abs=1e-3)
-    p = stats.paired(dict(zip((1, 2, 3), a)), dict(zip((1, 2, 3), b)))
+    p = report.paired(dict(zip((1, 2, 3), a)), dict(zip((1, 2, 3), b)))
     assert p.df == 2 and p.p == pytest.approx(0.04526, abs=1e-4)
-    assert stats.paired({1: 1.0}, {1: 2.0}) is None and stats.welch([1.0], [2.0, 3.0]) is None
-    assert stats.compare({1: 1.0, 2: 2.0}, {3: 1.5, 4: 2.5}).test == "welch"   # no shared seeds
+    assert report.paired({1: 1.0}, {1: 2.0}) is None and report.welch([1.0], [2.0, 3.0]) is None
+    assert report.paired({1: 1.0, 2: 2.0}, {3: 1.5, 4: 2.5}) is None   # no shared seeds: no paired test
 
 
 def test_a_wide_interval_is_never_read_as_zero():
-    d = stats.welch([2.0, 2.3, 1.9], [2.1, 2.0, 2.2])
+    d = report.welch([2.0, 2.3, 1.9], [2.1, 2.0, 2.2])
     assert d.lo < 0 < d.hi
-    v = stats.verdict(d, effect=0.25)
+    v = report.verdict(d, effect=0.25)
     assert "cannot tell" in v and "inside" in v and "no effect" not in v
-    assert "lower" in stats.verdict(stats.welch([1.0, 1.01, 0.99], [2.0, 2.01, 1.99]))
+    assert "lower" in report.verdict(report.welch([1.0, 1.01, 0.99], [2.0, 2.01, 1.99]))
 
 
 @pytest.fixture
 def results(monkeypatch):
-    """A made-up table of finished runs: {out_dir: final val}; sweep.finished/final_val read it."""
+    """A made-up table of finished runs: {out_dir: final val}; runner.finished/final_val read it."""
     vals = {}
-    monkeypatch.setattr(sweep, "facts", lambda d: {"final_val": vals[d], "diverged": False} if d in vals else None)
+    monkeypatch.setattr(runner, "facts", lambda d: {"final_val": vals[d], "diverged": False} if d in vals else None)
     return vals
 
 
@@ -88,17 +95,17 @@ def test_the_control_follows_nt12s_chosen_lr(results):
 
 
 def test_runners_never_take_the_same_run(tmp_path):
-    a = sweep.claim_run(str(tmp_path))
-    assert a is not None and sweep.claim_run(str(tmp_path)) is None
+    a = runner.claim_run(str(tmp_path))
+    assert a is not None and runner.claim_run(str(tmp_path)) is None
     a.close()
-    assert sweep.claim_run(str(tmp_path)) is not None
+    assert runner.claim_run(str(tmp_path)) is not None
 
 
 def test_a_diverged_run_is_left_out_not_averaged_in():
     inf = float("inf")
-    assert stats.welch([1.0, 1.1, inf], [1.2, 1.3]).n == 2
-    assert stats.paired({1: 1.0, 2: 1.1, 3: inf}, {1: 1.2, 2: 1.4, 3: 1.3}).n == 2
-    assert stats.welch([1.0, inf], [1.2, 1.3]) is None
+    assert report.welch([1.0, 1.1, inf], [1.2, 1.3]).n == 2
+    assert report.paired({1: 1.0, 2: 1.1, 3: inf}, {1: 1.2, 2: 1.4, 3: 1.3}).n == 2
+    assert report.welch([1.0, inf], [1.2, 1.3]) is None
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "two"])
@@ -106,14 +113,14 @@ def test_workers_below_one_are_refused(text):
     """--workers=0 once waited for ever with nothing running."""
     import argparse
     with pytest.raises(argparse.ArgumentTypeError, match="integer >= 1"):
-        sweep.workers_arg(text)
+        runner.workers_arg(text)
 
 
 def test_a_damaged_committed_log_is_one_line(tmp_path):
     """A truncated run.json stops the tables (and the runner) with one line naming it, not a JSON traceback."""
     (tmp_path / "run.json").write_text('{"command": "python tr')
-    with pytest.raises(SystemExit, match=r"run.json cannot be read \(Unterminated string.*\); restore it"):
-        sweep.facts(str(tmp_path))
+    with pytest.raises(runner.UserError, match=r"run.json cannot be read \(Unterminated string.*\); restore it"):
+        runner.facts(str(tmp_path))
 
 
 def test_kv_policy_table_pairs_each_policy_with_full_by_seed(monkeypatch):
@@ -126,7 +133,7 @@ def test_kv_policy_table_pairs_each_policy_with_full_by_seed(monkeypatch):
     def made_up(out_dir):
         if "hrm-post" not in out_dir or "out-sweep" not in out_dir:
             return None
-        s = sweep.seed_of(out_dir)
+        s = runner.seed_of(out_dir)
         row = dict(greedy_agree=1.0, kv_bytes_per_token=1, cached_tok_s=100.0)
         return {"iter": 400, "rows": [dict(row, kv="full", ce=base[s]),
                                       dict(row, kv="last", ce=base[s] + extra[s], greedy_agree=0.5)]}
@@ -169,12 +176,12 @@ def test_kv_long_runs_are_read_seed_by_seed(monkeypatch):
     """The long runs (hours each) are rerun every variant's first seed before any variant's second, so a session
     stopped part way leaves the variants read at equal seed counts; the 400-iteration ones (minutes) go first."""
     import kv_policies
-    monkeypatch.setattr(kv_policies.sweep, "finished", lambda d: True)
+    monkeypatch.setattr(kv_policies.runner, "finished", lambda d: True)
     monkeypatch.setattr(kv_policies, "reading", lambda d: None)
-    order = [(d.split("/")[0], d.split("/")[-2], sweep.seed_of(d)) for d, _ in kv_policies.missing()]
+    order = [(d.split("/")[0], d.split("/")[-2], runner.seed_of(d)) for d, _ in kv_policies.missing()]
     long = [(v, s) for out, v, s in order if out == "out-long"]
     assert order.index(next(o for o in order if o[0] == "out-long")) == len(order) - len(long)
-    assert [s for _, s in long] == [str(s) for s in sweep.SEEDS for _ in kv_policies.LONG], long
+    assert [s for _, s in long] == [str(s) for s in kv_policies.SEEDS for _ in kv_policies.LONG], long
     assert [v for v, _ in long[:len(kv_policies.LONG)]] == kv_policies.LONG, long
 
 
@@ -184,12 +191,12 @@ def test_kv_remedy_line_pairs_the_remedy_with_the_standard_runs_exact_decoding(m
     import kv_policies
     std = {"1337": 1.95, "42": 1.97, "2024": 1.96}
     remedy = {"1337": 3.43, "42": 3.42, "2024": 3.44}
-    monkeypatch.setattr(kv_policies.sweep, "finished", lambda d: True)
+    monkeypatch.setattr(kv_policies.runner, "finished", lambda d: True)
 
     def made_up(out_dir):
         if "unitf-post" not in out_dir or ("out-trainkv" not in out_dir and "out-sweep" not in out_dir):
             return None
-        s = sweep.seed_of(out_dir)
+        s = runner.seed_of(out_dir)
         ce = (remedy if "out-trainkv" in out_dir else std)[s]
         return {"iter": 400, "rows": [{"kv": "full", "ce": ce - 1.0}, {"kv": "last", "ce": ce}]}
     monkeypatch.setattr(kv_policies, "reading", made_up)

@@ -1,0 +1,329 @@
+"""
+The report layer every study prints and draws with, from the committed logs alone: the statistics (Welch's t for two
+groups of runs, the paired t where the runs share seeds, each with its two-sided p-value and 95% interval, and the
+verdict the interval allows), table cells, the checkpoint readings committed beside a run's log (computed once from
+its last checkpoint), and the plots' shared parts.
+
+    d = welch([2.26, 2.13, 2.28], [1.95, 1.99, 1.98])   # d.diff, d.lo, d.hi, d.p, d.df
+    verdict(d, effect=0.25)                              # what the interval lets one say
+"""
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import matplotlib
+matplotlib.use("Agg")   # before pyplot's import: files only, never a window
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from scipy import stats  # noqa: E402  Student's t (scipy is for experiments/ alone: requirements.txt)
+
+import runner  # noqa: E402
+from hrmlm.common import atomic_write  # noqa: E402
+from hrmlm.common import unigram_ce  # noqa: E402
+from tools import analyze  # noqa: E402
+
+DEPTHS = [0.5, 1, 2, 4]   # multiples of the trained depth for the inference-depth tables
+
+
+# --- statistics ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Diff:
+    diff: float      # mean of a minus mean of b (paired: mean of the per-seed differences)
+    lo: float        # 95% interval
+    hi: float
+    p: float         # two-sided p-value of "no difference"
+    df: float        # degrees of freedom (Welch's are fractional)
+    test: str        # "welch" or "paired"
+    n: int           # runs per group (paired: pairs)
+
+    @property
+    def degenerate(self):
+        """No test: the runs (paired: the per-seed differences) do not vary, or their spread overflowed."""
+        return not math.isfinite(self.p)
+
+    def __str__(self):
+        if self.degenerate:
+            return f"{self.diff:+.3f} (no spread among the {self.n} runs: no interval, no p-value)"
+        return f"{self.diff:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}], p = {p_text(self.p)}"
+
+
+def p_text(p):
+    if not math.isfinite(p):
+        return "none (no spread)"
+    return "<0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
+
+
+def _mean_var(xs):
+    """Mean and sample variance; 0 where the spread is rounding (under 1e-9 of the values: equal CEs differ in
+    float's last digits), inf where it overflows (values near 1e308)."""
+    m = math.fsum(xs) / len(xs)
+    try:
+        v = math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+    except OverflowError:
+        return m, math.inf
+    return m, 0.0 if math.sqrt(v) <= 1e-9 * max(1.0, max(abs(x) for x in xs)) else v
+
+
+def _result(diff, se, df, test, n):
+    """A Diff; with no spread (se 0) or an overflowed one, a degenerate Diff (p, interval nan): the t-test assumes
+    runs that vary, and a zero-width interval with p = 0 would claim a certainty the data does not give."""
+    if se == 0 or not math.isfinite(se) or not math.isfinite(diff):
+        return Diff(diff, math.nan, math.nan, math.nan, df, test, n)
+    h = float(stats.t.ppf(0.975, df)) * se
+    return Diff(diff, diff - h, diff + h, float(2 * stats.t.sf(abs(diff) / se, df)), df, test, n)
+
+
+def welch(a, b):
+    """Welch's t-test of mean(a) - mean(b); None with fewer than 2 finite runs on a side (a diverged run's CE
+    is inf: it is left out, and the table beside says so)."""
+    a, b = [x for x in a if math.isfinite(x)], [x for x in b if math.isfinite(x)]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    (ma, va), (mb, vb) = _mean_var(a), _mean_var(b)
+    sa, sb = va / len(a), vb / len(b)
+    se = math.sqrt(sa + sb)
+    if se == 0 or not math.isfinite(se):
+        return _result(ma - mb, se, len(a) + len(b) - 2, "welch", min(len(a), len(b)))
+    df = (sa + sb) ** 2 / ((sa ** 2 / (len(a) - 1) if sa else 0) + (sb ** 2 / (len(b) - 1) if sb else 0) or 1e-300)
+    return _result(ma - mb, se, df, "welch", min(len(a), len(b)))
+
+
+def paired(a, b):
+    """Paired t-test of a - b where a[i] and b[i] share a seed ({seed: value} dicts); None under 2 pairs."""
+    seeds = sorted(s for s in set(a) & set(b) if math.isfinite(a[s]) and math.isfinite(b[s]))
+    if len(seeds) < 2:
+        return None
+    d = [a[s] - b[s] for s in seeds]
+    m, v = _mean_var(d)
+    return _result(m, math.sqrt(v / len(d)), len(d) - 1, "paired", len(d))
+
+
+def verdict(d, effect=None):
+    """What the 95% interval lets one say: a sign where it excludes 0; "the data cannot tell" where it spans
+    both signs (and, given the size of an effect in question, whether the interval reaches it)."""
+    if d is None:
+        return "too few runs"
+    if d.degenerate:
+        return f"no test: no spread among the {d.n} runs (or it overflows)"
+    if d.lo > 0 or d.hi < 0:
+        return ("a lower" if d.hi < 0 else "a higher") + f" CE (p = {p_text(d.p)})"
+    tail = "" if effect is None else (
+        f"; an effect of {effect:+.2f} is {'inside' if d.lo <= effect <= d.hi else 'outside'} the interval")
+    return f"the data cannot tell (the interval spans both signs){tail}"
+
+
+def mean_sd(vals):
+    """(mean, sample sd, n) of the finite values."""
+    vals = [v for v in vals if math.isfinite(v)]
+    if not vals:
+        return math.inf, 0.0, 0
+    m = sum(vals) / len(vals)
+    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return m, sd, len(vals)
+
+
+def difference(summary, a, b):
+    """(row minus column, its standard error) of two (mean, sd, n) seed summaries, or None where one is missing."""
+    if a not in summary or b not in summary or summary[a][2] < 2 or summary[b][2] < 2:
+        return None
+    (ma, sa, na), (mb, sb, nb) = summary[a], summary[b]
+    return ma - mb, math.sqrt(sa ** 2 / na + sb ** 2 / nb)
+
+
+# --- tables -------------------------------------------------------------------------------------------------------
+
+def header(*cols):
+    """A Markdown table's first two lines."""
+    print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+
+
+def fmt(v):
+    return "diverged" if v == math.inf else f"{v:.3f}"
+
+
+def cell(out_dir):
+    """A table cell for a run: its final CE, "diverged", or "-" where it has not finished."""
+    return fmt(runner.final_val(out_dir)) if runner.finished(out_dir) else "-"
+
+
+def unigrams():
+    """The unigram CE of each testbed, computed from the data once and committed beside the logs."""
+    path = os.path.join(runner.ROOT, runner.LOGS, "sweep", "unigram.json")
+    if not os.path.exists(path):
+        if not all(os.path.exists(os.path.join(runner.ROOT, "data", d, "val.bin")) for d in ("shakespeare_char", "shakespeare")):
+            return {"char": math.nan, "bpe": math.nan}
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"char": unigram_ce(os.path.join(runner.ROOT, "data"), "shakespeare_char"),
+                       "bpe": unigram_ce(os.path.join(runner.ROOT, "data"), "shakespeare")}, f, indent=1)
+    return runner.committed_json(path, (("char", (int, float)), ("bpe", (int, float))))
+
+
+def train_seconds(log):
+    """A run's training time from its log's time_s, which restarts from 0 when a run is resumed."""
+    total, last = 0.0, 0.0
+    for r in log:
+        t = r.get("time_s") or 0.0
+        if t < last:          # resumed: the clock restarted
+            total += last
+        last = t
+    return total + last
+
+
+def hours(out_dirs):
+    """The finished runs' training time in all, in hours (one core each; their logs' time_s)."""
+    return sum(train_seconds(runner.run_log(d)) for d in out_dirs) / 3600
+
+
+# --- checkpoint readings, committed beside the logs ----------------------------------------------------------------
+
+def reading_path(out_dir, name):
+    return os.path.join(runner.ROOT, runner.log_dir(out_dir), name)
+
+
+def reading(out_dir, name, compute=None, archs=("hrm",), fields=()):
+    """The committed reading `name` (analysis.json, alive.json, kv.json) beside a run's log. Where it is missing and
+    the finished run's resume state is here, it is computed once, {"iter", **compute(model, batches)} on 64 validation
+    sequences, and committed; None where it cannot be, or the state is not the last iteration's (a run, or a rerun,
+    cut off). It reads the model after the last iteration, whose CE the tables report, not the best one (ckpt.pt)."""
+    path = reading_path(out_dir, name)
+    if not os.path.exists(path):
+        state = runner.resume_state(out_dir)
+        if compute is None or not state or not runner.finished(out_dir):
+            return None
+        torch.set_num_threads(1)
+        model, ck = analyze.load(out_dir, os.path.relpath(state, out_dir), "cpu", archs)
+        if ck["iter_num"] != runner.max_iters_of(runner.facts(out_dir)["command"].split()):
+            return None
+        batches = analyze.val_batches(ck, os.path.join(runner.ROOT, "data"), 16, 4, model.config.block_size)
+        r = {"iter": ck["iter_num"], **compute(model, batches)}
+        with atomic_write(path) as f:
+            json.dump(r, f, indent=1)
+    return runner.committed_json(path, fields)
+
+
+def analysis(out_dir):
+    """The sweep's reading (analysis.json), None where it has none: for HRM the Slow-module ablation (CE with z_H
+    frozen at z_H0), z_H's drift from z_H0 and the fusion weights (analyze.py's HLRole A-C); for HRM and UniTF, val
+    CE at 0.5x to 4x the trained depth (analyze.py --depth)."""
+    def compute(model, batches):
+        r = {"ce": analyze.val_ce(model, batches, "cpu"), "depth": analyze.depth_table(model, batches, "cpu", DEPTHS)}
+        if model.config.arch == "hrm":
+            with analyze.slow_module_frozen(model):
+                r["ce_h_frozen"] = analyze.val_ce(model, batches, "cpu")
+            steps, r["fusion"] = analyze.step_stats(model, batches, "cpu")
+            r["z_H_drift"] = steps[-1]["z_H_drift"]     # after the last step: what the fusion reads
+        return r
+    return reading(out_dir, "analysis.json", compute, ("hrm", "unitf"))
+
+
+SLOW_LEGEND = ("ΔCE: CE with z_H frozen at its prototype z_H0 (H_net's update replaced by the identity) minus CE; "
+               "drift: ‖z_H - z_H0‖ / ‖z_H0‖ after the last step; w_H, w_L, w_I: the output fusion's mean weights.\n")
+
+
+def slow_cells(runs):
+    """('CE | ΔCE, H frozen | z_H drift | w_H | w_L | w_I' (mean ± sd) over the HRM runs' checkpoint readings,
+    how many were read); (None, 0) where none has been."""
+    rs = [r for r in map(analysis, runs) if r]
+    if not rs:
+        return None, 0
+
+    def ms(key, sign=""):
+        m, sd, n = mean_sd([key(r) for r in rs])
+        return f"{m:{sign}.3f} ± {sd:.3f}"
+    return (f"{ms(lambda r: r['ce'])} | {ms(lambda r: r['ce_h_frozen'] - r['ce'], '+')} | "
+            f"{ms(lambda r: r['z_H_drift'])} | {ms(lambda r: r['fusion']['w_H'])} | "
+            f"{ms(lambda r: r['fusion']['w_L'])} | {ms(lambda r: r['fusion']['w_I'])}"), len(rs)
+
+
+def slow_seed_rows(runs):
+    """'| seed | CE | ΔCE, H frozen | z_H drift | w_H / w_L / w_I |' rows, one per read run, then ΔCE's mean with
+    its 95% interval (frozen against not, paired by checkpoint) where 2 or more are read."""
+    for d in runs:
+        r = analysis(d)
+        if r:
+            w = r["fusion"]
+            print(f"| {runner.seed_of(d)} | {r['ce']:.3f} | {r['ce_h_frozen'] - r['ce']:+.3f} | {r['z_H_drift']:.3f} | "
+                  f"{w['w_H']:.3f} / {w['w_L']:.3f} / {w['w_I']:.3f} |")
+    cost = frozen_cost(runs)
+    if cost:
+        print(f"| mean [95% CI], p | - | {cost} | - | - |")
+
+
+def frozen_cost(runs):
+    """What freezing z_H costs, CE frozen minus CE, paired by checkpoint (a Diff); None under 2 readings."""
+    read = [(runner.seed_of(d), r) for d, r in ((d, analysis(d)) for d in runs) if r]
+    return paired({s: r["ce_h_frozen"] for s, r in read}, {s: r["ce"] for s, r in read})
+
+
+def depth_rows(runs):
+    """{(varied, depth): [CE of each run]} from the runs' checkpoint readings."""
+    out = {}
+    for r in map(analysis, runs):
+        for row in (r or {}).get("depth", []):
+            out.setdefault((row["varied"], row["depth"]), []).append(row["ce"])
+            if row["varied"] == "N" and row["depth"] == 1:    # the trained depth is on the T' line too
+                out.setdefault(("T", 1.0), []).append(row["ce"])
+    return out
+
+
+def depth_cells(rows):
+    """{varied: 'mean ± sd' cells at each of DEPTHS} for the lines (N', T', M') the readings have."""
+    out = {}
+    for what in ("N", "T", "M"):
+        cells = ["{:.3f} ± {:.3f}".format(*mean_sd(rows[what, float(f)])[:2]) if rows.get((what, float(f))) else "-"
+                 for f in DEPTHS]
+        if any(c != "-" for c in cells):
+            out[what] = cells
+    return out
+
+
+# --- plots --------------------------------------------------------------------------------------------------------
+
+def seed_curve(logs, skip=()):
+    """(the iterations every log evaluated at, but skip; [[val CE of each log] at each])."""
+    its = sorted(set.intersection(*[{r["iter"] for r in log if "val_loss" in r} for log in logs]) - set(skip))
+    return its, [[{r["iter"]: r["val_loss"] for r in log if "val_loss" in r}[i] for log in logs] for i in its]
+
+
+def band(ax, x, ys, **style):
+    """The seeds' mean at each x, and the band between their min and max."""
+    ax.plot(x, [sum(y) / len(y) for y in ys], **style)
+    ax.fill_between(x, [min(y) for y in ys], [max(y) for y in ys], color=style["color"], alpha=0.15)
+
+
+def unigram_line(ax, uni):
+    ax.axhline(uni, color="0.4", linewidth=1, linestyle=":", label=f"unigram {uni:.2f}")
+
+
+def figure(panels=1, **kw):
+    """A figure of one panel, or of two side by side."""
+    return plt.subplots(1, panels, figsize=(6.4, 4.2) if panels == 1 else (11, 4.2), dpi=130, **kw)
+
+
+def dress(ax, xlabel, ylabel, title, legend=None, which="major"):
+    """A panel's labels and title; with legend (its font size), its grid and legend too."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    if legend:
+        ax.grid(True, which=which, linestyle=":", color="0.85")
+        ax.legend(fontsize=legend)
+
+
+def save(fig, name):
+    """Laid out and saved, byte-identical for identical logs: no timestamp or version in the PNG's metadata."""
+    fig.tight_layout()
+    fig.savefig(os.path.join(runner.ROOT, "docs", name), metadata={"Software": None})
+
+
+def finish(fig, axes, name):
+    """The two-panel plots' common end: grid, legend, save."""
+    for a in axes:
+        a.grid(True, which="both", linestyle=":", color="0.85")
+        a.legend(fontsize=6.5)
+    save(fig, name)
+    print(f"wrote docs/{name}")
