@@ -1,8 +1,6 @@
-"""
-The configurator of train.py and sample.py, nanoGPT's made strict: `python train.py config/X.py --batch_size=4`. Config
-files run in order and may assign only existing keys (include("other.py") runs a shared one); then each --key=value
-sets a key to a Python literal (else a string) of its default's type. A mistake is a UserError (one line).
-"""
+"""The configurator of train.py and sample.py, nanoGPT's made strict: `python train.py config/X.py --batch_size=4`.
+Config files run in order and may assign only existing keys (include("other.py") runs a shared one); then each
+--key=value sets a key to a Python literal (else a string) of its default's type. A mistake is a UserError."""
 
 import ast
 import math
@@ -13,6 +11,7 @@ import traceback
 import types
 
 from hrmlm.signals import UserError
+from model import MODEL_FIELDS, ModelConfig
 
 RULE = "# " + "-" * 77 + "\n"   # a script's settings block lies between two such lines
 
@@ -109,5 +108,4 @@ def configure(scope, argv=None):
 
 def model_config(settings):
     """The model.ModelConfig in a dict of train.py settings: every field is a setting of the same name."""
-    from model import MODEL_FIELDS, ModelConfig
     return ModelConfig(**{f: settings[f] for f in MODEL_FIELDS})

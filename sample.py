@@ -24,7 +24,6 @@ from hrmlm.engine import KV_POLICIES, cache_slots, stream  # noqa: E402
 from hrmlm.signals import SIGNALLED, UserError  # noqa: E402
 
 # -----------------------------------------------------------------------------
-init_from = "resume"         # "resume": the checkpoint in out_dir
 out_dir = "out"              # where train.py wrote ckpt.pt / ckpt_last.dcp
 ckpt = "ckpt.pt"             # which checkpoint in out_dir: ckpt.pt (best val) or ckpt_last.dcp (the last)
 start = "\n"                 # the prompt, or "FILE:path" to read it from a file
@@ -43,8 +42,6 @@ kv = "full"                  # KV cache policy: full (exact); last, fired share 
 def main():
     """The settings checked before the (slower) checkpoint, then the model and its tokenizer, then the samples."""
     configure(globals())   # --key=value: a mistake is a UserError (configurator.py)
-    if init_from != "resume":
-        raise UserError(f"init_from must be 'resume' (a checkpoint in out_dir), got {init_from!r}")
     if temperature < 0:   # a NaN or Inf: refused by the configurator
         raise UserError(f"temperature must be >= 0 and finite, got {temperature}")
     if 0 < temperature < 1e-4:   # logits / temperature would overflow to inf, and softmax give NaN
@@ -88,10 +85,7 @@ def main():
         raise UserError(f"the model has vocab_size={model.config.vocab_size} but its dataset's meta.json says "
                         f"{meta['vocab_size']}")
     encode, decode = get_codec(meta)   # UserError: the GPT-2 tokenizer's package is missing
-    try:
-        cache_slots(model, kv)
-    except ValueError as e:   # a recurrence's policy asked of a Transformer
-        raise UserError(str(e)) from None
+    cache_slots(model, kv)   # UserError: a recurrence's policy asked of a Transformer
     del checkpoint
     model.eval().to(dev)
     torch.manual_seed(seed)

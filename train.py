@@ -98,8 +98,7 @@ def setting_errors(c, ddp):
         **{f"{k} must be > 0, got {c[k]}": not c[k] > 0 for k in ("learning_rate", "scalar_lr_mult")},
         **{f"{k} must be in [0, 1), got {c[k]}": not 0 <= c[k] < 1 for k in ("beta1", "beta2")},
         "fsdp=True shards the model over torchrun's processes: run it with torchrun": c["fsdp"] and not ddp,
-        "fsdp=True trains in bfloat16 or float32 (not float16); use --dtype=bfloat16": c["fsdp"] and c["dtype"] ==
-            "float16",
+        "fsdp=True trains in bfloat16 or float32: use --dtype=bfloat16": c["fsdp"] and c["dtype"] == "float16",
         "random_depth=True varies the recurrence of hrm/unitf, with K_slow=0 and fast_attn_steps=None": c[
             "random_depth"] and (arch == "transformer" or c["K_slow"] or c["fast_attn_steps"] is not None),
         f"train_kv={kv!r}: only 'full' (the default) or, for arch='unitf' in one process without compile, 'last' "
@@ -127,12 +126,12 @@ try:
     config = configure(globals())   # config/*.py, then --key=value (configurator.py)
     if errors := setting_errors(config, ddp):
         stop(errors)
-    if ddp or compile:
-        from hrmlm import parallel   # here: one process without compile needs none of it
+    device = usable_device(device)   # "auto": cuda if torch can use a GPU, else cpu
+    if ddp or compile or device != "cpu":
+        from hrmlm import parallel   # here: one process on the CPU without compile needs none of it
     if train_kv != "full":
         from hrmlm import engine   # here: only train_kv="last" (training through decoding's cache) needs it
-    # the device ("auto": cuda if torch can use a GPU, else cpu); under torchrun the process group, a GPU per rank
-    rank, world_size, device = parallel.init_process_group(usable_device(device)) if ddp else (0, 1, usable_device(device))
+    rank, world_size, device = parallel.init_process_group(device) if ddp else (0, 1, device)   # torchrun: GPU a rank
     master, device_type = rank == 0, "cuda" if device.startswith("cuda") else "cpu"
     dtype = auto_dtype(dtype, device_type)   # "auto": bfloat16 on CUDA, float32 on CPU
     # out_dir: one train.py at a time, one run (a new run's made once every check passed); the weights to start from
@@ -155,13 +154,14 @@ try:
     model_config = ModelConfig(**{k: config[k] for k in MODEL_FIELDS})   # a ValueError names the field
     if wandb_log and master:
         import wandb   # here: an optional dependency (an ImportError below)
-    if not resume and (done := finished(out_dir, {k: config[k] for k in RESUME_KEYS}, max_iters)) and not overwrite:
+    if not resume and not overwrite and (done := finished(out_dir, config)):
         log(f"{out_dir} holds this run, finished (iter {done}): nothing to do (--overwrite=True trains it again)")
         sys.exit(0)   # the same command again (the README's, pasted twice)
     lock = lock if resume else claim_out_dir(out_dir, False, overwrite, claim)[0]
-    torch.manual_seed(seed)   # the init: the same on every rank, a CPU build's bit for bit (also when sharded)
-    model = parallel.build_on_device(model_config, device, rank, world_size, fsdp, DTYPES[dtype]) if ddp else \
-        build_model(model_config).to(device)
+    torch.manual_seed(seed)   # the init, every rank's: a CPU build's bit for bit (on a GPU, parallel.build_on_device
+    # draws it a weight at a time and moves or shards it: the host never holds the whole model)
+    model = build_model(model_config) if device == "cpu" and not ddp else parallel.build_on_device(
+        model_config, device, rank, world_size, fsdp, DTYPES[dtype])
     if source and "sharded" not in ckpt:   # a ckpt.pt's weights (a new run from them)
         load_weights(model, ckpt.pop("model"), source)
     # AdamW: matrices and embedding decayed; with scalar_lr_mult != 1 alpha and tau (one element each) at that multiple

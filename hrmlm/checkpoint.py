@@ -1,10 +1,7 @@
-"""
-The run folder: ckpt.pt, the best model (weights, settings); log.jsonl, a line per evaluation; ckpt_last.dcp/iter_<n>/,
-the resume state at iteration n (weights, AdamW state, settings, counters), a torch.distributed.checkpoint folder each
-rank writes its shards into, read at any world size, finished once its meta.pt (written last) is there. Every file is
-checksummed and written whole or not at all; every load is weights_only=True and checks the sums (a flipped byte is
-refused). A problem is a UserError of one line.
-"""
+"""The run folder: ckpt.pt, the best model; log.jsonl, a line per evaluation; ckpt_last.dcp/iter_<n>/, the resume
+state at iteration n: a torch.distributed.checkpoint folder each rank writes its shards into, read at any world size,
+finished once its meta.pt (written last) is there. Files are checksummed, written whole or not at all, and loaded
+weights_only=True with their sums checked (a flipped byte is refused). A problem is a UserError of one line."""
 
 import fcntl
 import functools
@@ -22,8 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_model_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_model_state_dict, set_state_dict
 
 from hrmlm.common import atomic_write, one_line
 from hrmlm.signals import IO_ERROR, UserError
@@ -226,8 +222,7 @@ def read_log(out_dir):
 
 
 def claim_out_dir(out_dir, resume, overwrite, claim=True):
-    """out_dir for a train.py run: one train.py at a time (an flock the OS drops with the process), one run (a new one
-    needs overwrite: the old one goes whole). (the lock, held while the run lives, or None without claim; the state)."""
+    """out_dir for a run: one train.py at a time (an flock), one run (overwrite: the old one goes whole); (lock, state)."""
     if not out_dir:
         raise UserError("out_dir is empty; give a folder, e.g. --out_dir=out")
     lock = None
@@ -260,12 +255,11 @@ def claim_out_dir(out_dir, resume, overwrite, claim=True):
     return lock, last
 
 
-def finished(out_dir, settings, max_iters):
-    """The iteration of out_dir's resume state where it is this run (these settings) at or past max_iters, else 0."""
+def finished(out_dir, config):   # the iteration of out_dir's state of this very run (config) at its end, or 0
     with suppress(Exception):   # no state there, or not one to read: not finished
-        info = read_info(resume_path(out_dir))
-        return info["iter_num"] if info["iter_num"] >= max_iters and all(
-            info["config"].get(k) == v for k, v in settings.items()) else 0
+        info, same = read_info(resume_path(out_dir)), ("init_from", "out_dir", "data_dir", "device", "compile", "fsdp")
+        return info["iter_num"] if info["iter_num"] >= config["max_iters"] and all(
+            info["config"].get(k) == v for k, v in config.items() if k not in same and "wandb" not in k) else 0
     return 0
 
 

