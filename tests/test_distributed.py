@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint, resume_path
+import conftest
 from conftest import ENV, HRM, ROOT, by_iter, copy_run, last_state, one_error_line, progress_losses, raw_log, run_train
 
 # --- bf16: FSDP and DDP against one process, every architecture (tests/dist_equality.py) ----------------------
@@ -297,3 +298,33 @@ def test_resume_on_fewer_ranks_keeps_the_micro_batches(data_dir, tmp_path):
     assert a.keys() == b.keys() == {0, 2, 4}
     for i in a:
         assert a[i]["val_loss"] == pytest.approx(b[i]["val_loss"], abs=1e-5), (i, a[i], b[i])
+
+
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_iteration(data_dir, tmp_path):
+    """Under torchrun a signal that reaches one rank alone (rank 1 here) rides in the loss's all-reduce, the
+    iteration's one host sync: every rank stops at the end of the same iteration, together they save it, and the
+    resume gives the uninterrupted run's numbers (a constant lr, so the reference's max_iters changes nothing)."""
+    import re
+    import signal
+    import time
+    args = HRM + ["--gradient_accumulation_steps=2", "--eval_interval=100000", "--log_interval=1", "--decay_lr=False",
+                  "--batch_size=16"]
+    out, ref = str(tmp_path / "run"), str(tmp_path / "ref")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(ROOT, "train.py"), *conftest.TINY, f"--data_dir={data_dir}", f"--out_dir={out}", *args,
+           "--max_iters=100000"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        conftest.read_until(proc, "iter 2/", timeout=180)
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        rank1 = [int(w) for w in workers if b"\0RANK=1\0" in b"\0" + open(f"/proc/{w}/environ", "rb").read()]
+        assert len(rank1) == 1, rank1
+        os.kill(rank1[0], signal.SIGTERM)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    stopped = [int(n) for n in re.findall(r"train.py: error: stopped by (?:a signal|SIGTERM) at iter (\d+)", err)]
+    assert len(stopped) == 1 and last_state(out)["iter_num"] == stopped[0], err[-3000:]   # rank 0's line, its save
+    run_train(args + [f"--max_iters={stopped[0] + 2}", "--init_from=resume"], data_dir, out, nproc=2)
+    run_train(args + [f"--max_iters={stopped[0] + 2}"], data_dir, ref, nproc=2)
+    assert by_iter(out)[stopped[0] + 2]["val_loss"] == by_iter(ref)[stopped[0] + 2]["val_loss"]
