@@ -116,6 +116,8 @@ def intact(out_dir, damaged=None):
 def load_checkpoint(path):
     """ckpt.pt or a resume state's meta.pt as a dict, its checksums checked; a UserError where it is missing,
     damaged, truncated, foreign or unsafe. A resume state's tensors stay in its folder (load_resume reads them)."""
+    if os.path.basename(os.path.normpath(path)) == CKPT_LAST and not os.path.isfile(os.path.join(path, META)):
+        path = resume_path(os.path.dirname(os.path.normpath(path))) or path   # a run's ckpt_last.dcp: its newest state
     sharded = os.path.isfile(os.path.join(path, META))
     if not os.path.isfile(path) and not sharded:
         raise UserError(f"no checkpoint at {path}" + (" (it is a folder)" if os.path.isdir(path) else ""))

@@ -398,6 +398,8 @@ def test_greedy_identical_with_and_without_cache(ckpt_dir):
     assert int(n) == 48 and abs(float(rate) - 48 / float(secs)) <= 0.05 * float(rate) + 0.1 and float(then) > 0
     c = sample(*common, "--kv=fired")   # a shared cache: text of its own, said so on stderr
     assert c.returncode == 0 and c.stdout.startswith("ROMEO:") and "cached, kv=fired" in c.stderr, c.stderr
+    d = sample(*common, "--ckpt=ckpt_last.dcp")   # the resume state (its newest folder): here the same iteration 20
+    assert d.returncode == 0 and d.stdout == a.stdout, d.stderr
 
 
 def test_sample_decodes_without_cudnn_attention(ckpt_dir, monkeypatch):
