@@ -356,7 +356,7 @@ def main(argv=None):
             counts = tokenize_and_write({"train": ds["train"], "val": ds["test"]}, out_dir, args.num_threads, source)
     except OSError as e:   # a full disk, no permission: `staged` has already removed the half-written folder
         raise UserError(f"cannot write {out_dir}: {e.strerror or e}; it was left as it was (the partial files were "
-                        f"removed)") from None
+                        f"removed)", signals.IO_ERROR) from None
     return counts
 
 
