@@ -46,13 +46,14 @@ HRM_ARMS = ("hrm-nt8", "hrm-nt4", "hrm-nt12", "hrm-nt8-d256")
 TF_OF = {"hrm-nt4": "tf-d128", "hrm-nt8": "tf-d128", "hrm-nt12": "tf-d128", "hrm-nt8-d256": "tf-d256"}
 TF_ARMS = ("tf-d128", "tf-d256")
 REACH = 4                        # the lr grid grows at most 2^4 = 16x from the centre either way
-HRM_START = (-2, -3)             # HRM's selection starts at the centre lr / 4 and / 8 (phase_a says why)
+# HRM's selection starts at the centre lr / 4 and / 8: NT=8 at d=128, which started at the centre and half of it, was
+# switched off there under every remedy (experiments/logs/alive/hrm-nt8-*/lr1e-2, lr5e-3), alive from a quarter down
+HRM_START = (-2, -3)
 WIDTH = ("hrm-nt8", -3)          # (arm, k): lr 1e-2 * 2^-3 = 1.25e-3, the paper's setting
 SWEEP = ("hrm-post", "hrm-pre")   # sections 2-6's HRM: the character sweep's variants
 CONTROLS = ("hrm_fast_only-post", "hrm_fast_only_wide-post", "hrm_clip1-post", "hrm_rdepth-post")   # section 3's
 BPE = ("hrm-post", "transformer-post")   # the BPE testbed's post-norm HRM and Transformer: a stall, or slow?
 BPE_ITERS = 2000
-BPE_LOW = {"transformer-post": 1e-3}   # also at 1e-3: see bpe_runs
 
 
 def job(arm, remedy, k, seed, name=None, extra=()):
@@ -102,9 +103,7 @@ def tried(arm):
 def phase_a(arm):
     """The selection grid's start; then, for each remedy, one lr step outward where its best alive seed-7 run is at
     an edge of what was tried, or one step below the lowest lr tried where no run is alive yet (a lower lr keeps
-    alpha from collapsing). HRM starts at a quarter and an eighth of the centre: NT=8 at d=128, which started at the
-    centre and half of it, was switched off there under every remedy (experiments/logs/alive/hrm-nt8-*/lr1e-2,
-    lr5e-3) and alive from a quarter down; the growth rule still brackets."""
+    alpha from collapsing)."""
     start = HRM_START if arm in HRM_ARMS else (0, -1, 1)
     rems = REMEDIES if arm in HRM_ARMS else ["paper"]
     jobs = [job(arm, r, k, SELECT[0]) for k in start for r in rems] + [job(arm, r, k, SELECT[0]) for r, k in tried(arm)]
@@ -166,10 +165,8 @@ def phase_warm():
 
 
 def earlier():
-    """Sections 2-7's HRM runs again, for the checkpoints their logs lack, as [(section, variant, lr, seed, committed
-    out_dir, (rerun out_dir, command))]: the character sweep (2-5) and the BPE sweep (4) at their best lr, section 3's
-    HRM controls, section 5's K ablation (K = 1 and 4), section 6's long run at its chosen lr and section 7's
-    variants (lr 3e-3, 300 iterations). A section is left out where its study's logs are not here."""
+    """Phase S (the module's docstring) as [(section, variant, lr, seed, committed out_dir, (rerun out_dir, command))];
+    a section is left out where its study's logs are not here."""
     out = []
     char = lambda v: arms.best_lr("char", v)   # noqa: E731
     for sec, tb, variants, pick, iters, root in (
@@ -196,13 +193,12 @@ def bpe_runs():
     """(variant, lr) of each BPE run: each at its best 400-iteration lr (experiments/sweep.py), and the post-norm
     Transformer at 1e-3 too, the low end of its flat 400-iteration curve (1e-3 to 3e-1 within 0.03, section 4) and
     HRM's best: at 1e-1 alone, a run that stays at the unigram line could be its lr's doing, not a stall."""
-    runs = [(v, arms.best_lr("bpe", v)) for v in BPE] + list(BPE_LOW.items())
+    runs = [(v, arms.best_lr("bpe", v)) for v in BPE] + [("transformer-post", 1e-3)]
     return [(v, lr) for v, lr in runs if arms.best_lr("bpe", v) is not None]   # None: the sweep's logs are not here
 
 
 def phase_bpe():
-    """Each of bpe_runs for 2000 iterations, seed 1337: does the post-norm Transformer's 'stall' at the unigram line
-    (section 4) end with 5x the training?"""
+    """Each of bpe_runs, seed 1337: does the post-norm Transformer's stall at the unigram line end with 5x training?"""
     return [command("bpe", v, lr, SEEDS[0], iters=BPE_ITERS, out=OUT) for v, lr in bpe_runs()]
 
 
@@ -306,8 +302,7 @@ def section9_dirs(arm):
 
 
 def test_table():
-    """Each arm's choice, section 9's HRM (the paper's setting at its lr) and the width control at the test seeds; then
-    their differences."""
+    """Each arm's choice, section 9's HRM and the width control (phase W) at the test seeds; then their differences."""
     table = {arm: by_seed([job(arm, *chosen(arm), s)[0] for s in SEEDS]) for arm in HRM_ARMS + TF_ARMS if chosen(arm)}
     table.update({f"{arm} (section 9)": by_seed(section9_dirs(arm)) for arm in HRM_ARMS})
     table["hrm-nt8 at lr 1.25e-3"] = by_seed([d for d, _ in phase_w()])
@@ -347,8 +342,7 @@ def test_table():
 
 
 def reruns_tables():
-    """Section 9's HRM and sections 2-7's, trained again for their checkpoints: the committed CE, the rerun's, and what
-    the rerun reads."""
+    """Phases R and S: the committed CE, the rerun's, and what the rerun reads."""
     got = [(arm, s, rerun, d) for arm in HRM_ARMS for s, (rerun, _), d in zip(SEEDS, phase_r(arm), section9_dirs(arm))]
     got += [(arms.CONTROL[0], s, rerun, arms.control_job(s)[0]) for s, (rerun, _) in zip(SEEDS, phase_warm())]
     got = [g for g in got if runner.finished(g[2])]

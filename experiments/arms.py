@@ -1,9 +1,7 @@
 """
-The runs more than one study reads, defined once, and the learning rates chosen for them from the committed logs:
-the sweep's variants, grid and best lrs (sweep.py runs them; long_run.py, kv_policies.py and alive.py start from
-them), the headline arms and their chosen lrs (equalparam.py; alive.py), the long run's chosen lrs (long_run.py;
-kv_policies.py, alive.py) and beyond_paper.py's variants (alive.py trains them again). A study imports this module,
-never another study.
+The runs more than one study reads, defined once, and the learning rates chosen for them from the committed logs: the
+sweep's (sweep.py; long_run.py, kv_policies.py and alive.py start from it), the headline arms (equalparam.py; alive.py),
+the long run's (long_run.py; kv_policies.py, alive.py) and beyond_paper.py's (alive.py trains them again).
 """
 
 import math
@@ -44,6 +42,7 @@ BPE = {
     # that matrix what lets post-norm HRM escape the unigram plateau? Its grid starts where transformer-post's did
     "transformer_proj-post": ("shakespeare_transformer", ["--out_proj=True"]),
 }
+VARIANTS = {"char": CHAR, "bpe": BPE}
 CHAR_LR_OF = {"transformer_proj-post": "transformer-post"}   # a BPE-only variant starts at this one's char best
 SWEEP_ITERS = {"char": 400, "bpe": 400}   # the quick start's 400 iterations on both testbeds
 K_ABLATION = [("hrm-post", [f"--K={k}"], f"-K{k}") for k in (1, 4)]   # (variant, overrides, out_dir suffix)
@@ -59,7 +58,7 @@ def run_dir(testbed, variant, lr, seed, extra=""):
 
 def command(testbed, variant, lr, seed, extra_args=(), extra="", iters=None, out=SWEEP_OUT):
     """(out_dir, train.py command) of a sweep variant's run; other studies run it longer (iters) or elsewhere (out)."""
-    cfg, over = variants(testbed)[variant]
+    cfg, over = VARIANTS[testbed][variant]
     out_dir = run_dir(testbed, variant, lr, seed, extra).replace(SWEEP_OUT, out, 1)
     n = iters or SWEEP_ITERS[testbed]
     cmd = [sys.executable, "train.py", f"config/{cfg}.py", *over, *extra_args, f"--learning_rate={lr}",
@@ -70,10 +69,6 @@ def command(testbed, variant, lr, seed, extra_args=(), extra="", iters=None, out
     return out_dir, cmd
 
 
-def variants(testbed):
-    return CHAR if testbed == "char" else BPE
-
-
 def tried(testbed, variant):
     """The grid points this variant has a finished seed-1337 run at."""
     return [lr for lr in GRID if runner.finished(run_dir(testbed, variant, lr, SEEDS[0]))]
@@ -81,10 +76,8 @@ def tried(testbed, variant):
 
 def best_lr(testbed, variant):
     vals = {lr: runner.final_val(run_dir(testbed, variant, lr, SEEDS[0])) for lr in tried(testbed, variant)}
-    if not vals:
-        return None
-    lr = min(vals, key=vals.get)
-    return lr if math.isfinite(vals[lr]) else None
+    lr = min(vals, key=vals.get, default=None)
+    return lr if lr is not None and math.isfinite(vals[lr]) else None
 
 
 def settled(testbed, variant):

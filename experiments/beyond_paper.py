@@ -40,7 +40,6 @@ from model import ModelConfig, build_model
 from report import header, mean_sd
 from runner import ROOT, finished, final_val
 
-# --- memory and time ---------------------------------------------------------------------------------
 
 def measure_worker(out_dir):
     """In a fresh process: one training iteration of the run's model (from its checkpoint's arguments, random
@@ -83,11 +82,8 @@ def measured(out_dir):
     return runner.committed_json(path)
 
 
-# --- table and plot ------------------------------------------------------------------------------------
-
 def tables(args):
-    iters = args.max_iters
-    print(f"### Beyond the paper: character testbed, HRM N=4, T=2 (M=8), d=128, {iters} iterations, lr 3e-3, "
+    print(f"### Beyond the paper: character testbed, HRM N=4, T=2 (M=8), d=128, {args.max_iters} iterations, lr 3e-3, "
           f"seeds {', '.join(map(str, args.seeds))}\n")
     header("variant", "what", "val CE (mean ± sd)", "vs paper K=2 (paired by seed: 95% interval, p)", "MFLOPs/token",
            "iter MB", "ms/iter", "KV cache MB", "params")
@@ -160,8 +156,7 @@ def main():
     jobs = [beyond_command(v, s, args.out, args.max_iters, args.data_dir) for s in args.seeds for v in args.variants
             if v != "full-ckpt" or s == args.seeds[0]]
     if args.dry_run:
-        runner.dry_run(jobs)
-        return
+        return runner.dry_run(jobs)
     if not args.tables:
         if not os.path.exists(os.path.join(args.data_dir, "shakespeare_char", "val.bin")):
             raise UserError(f"{args.data_dir}/shakespeare_char not found; run python prepare.py --dataset=shakespeare_char")

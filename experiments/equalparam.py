@@ -93,11 +93,6 @@ def chosen_dirs(name):
     return [] if k is None else [job(name, k, s)[0] for s in SEEDS]
 
 
-def rows():
-    """{row name: {seed: final val CE}} at each arm's chosen lr (and the control's), for finished runs."""
-    return {n: by_seed(chosen_dirs(n)) for n in [*ARMS, CONTROL[0]] if chosen_dirs(n)}
-
-
 def read_finished(workers):
     """Read every finished HRM run whose checkpoint is here; rerun the chosen runs whose reading is missing."""
     reruns = []
@@ -119,7 +114,7 @@ def size_cells(arm):
     if not f or "params" not in f:
         return "- | -"
     ms = f.get("ms_per_iter_median")
-    return f"{f['params'] / 1e6:.2f}M | {ms:.0f}" if ms else f"{f['params'] / 1e6:.2f}M | -"
+    return f"{f['params'] / 1e6:.2f}M | " + (f"{ms:.0f}" if ms else "-")
 
 
 def lr_table():
@@ -159,18 +154,13 @@ def differences(table):
             p = report.paired(table[a], table[b])
             w = report.welch(list(table[a].values()), list(table[b].values()))
             print(f"| {label(a)} | {label(b)} | {what} | {p or '-'} | {w or '-'} | {report.verdict(p or w)} |")
-    gap_changes(table)
-    print()
-
-
-def gap_changes(table):
-    """GAP_CHANGES as rows of the differences table: {seed: (a - b) - (c - d)} against 0, a paired test."""
-    for (a, b), (c, d), what in GAP_CHANGES:
+    for (a, b), (c, d), what in GAP_CHANGES:   # {seed: (a - b) - (c - d)} against 0, a paired test
         if all(x in table for x in (a, b, c, d)):
             seeds = set(table[a]) & set(table[b]) & set(table[c]) & set(table[d])
             change = {s: (table[a][s] - table[b][s]) - (table[c][s] - table[d][s]) for s in seeds}
             p = report.paired(change, {s: 0.0 for s in seeds})
             print(f"| {a} - {b} | {c} - {d} | {what} | {p or '-'} | - | {report.verdict(p)} |")
+    print()
 
 
 # --- P_flat: the flat size each HRM matches (2604.21106's phi read off it; its magnitudes are withdrawn) ---
@@ -198,9 +188,7 @@ def flat_ln_params(ce, curve):
 
 def flat_size_table(table):
     """Per seed, the flat curve through the Transformer widths and the stored parameters at which it reaches each HRM
-    arm's CE (P_flat), with the t interval of the seeds' mean ln P_flat. phi's magnitudes are withdrawn (docs/RESULTS.md
-    section 9): one token budget, an extrapolation below d=32, a curve flat at its top, and 'whole' phi is not
-    2604.21106's definition; the direct tests against each Transformer width stand in for them."""
+    arm's CE (P_flat), with the t interval of the seeds' mean ln P_flat (phi: withdrawn, docs/RESULTS.md section 9)."""
     if not all(a in table for a in FLAT):
         return
     size = {a: runner.facts(chosen_dirs(a)[0])["params"] for a in FLAT}
@@ -260,33 +248,19 @@ def draw(table):
     report.finish(fig, (ax, bx), "equalparam.png")
 
 
-def readings_table():
-    print("### Headline settings: HRM's checkpoint readings at the chosen lr (mean ± sd over the seeds read)\n")
-    print(report.SLOW_LEGEND)
-    header("arm", "CE", "ΔCE, H frozen", "z_H drift", "w_H", "w_L", "w_I", "ΔCE [95% CI], p")
-    for name in [a for a in ARMS if "hrm" in a] + [CONTROL[0]]:
-        cells, n = report.slow_cells(chosen_dirs(name))
-        if cells:
-            print(f"| {label(name)} (n={n}) | {cells} | {report.frozen_cost(chosen_dirs(name)) or '-'} |")
-    print()
-    print("### Headline settings: depth at inference (val CE at multiples of the trained depth; N' Slow firings "
-          "with T kept, or T' Fast steps per firing with N kept)\n")
-    header("arm", "varied", *[f"{f:g}x" for f in report.DEPTHS])
-    for name in [a for a in ARMS if "hrm" in a]:
-        for what, cells in report.depth_cells(report.depth_rows(chosen_dirs(name))).items():
-            print(f"| {label(name)} | {what}' | " + " | ".join(cells) + " |")
-    print()
-
-
 def tables():
     uni = report.unigrams()["char"]
     lr_table()
-    table = rows()
+    table = {n: by_seed(chosen_dirs(n)) for n in [*ARMS, CONTROL[0]] if chosen_dirs(n)}   # {row: {seed: CE}}
     if table:
         seeds_table(table, uni)
         differences(table)
         flat_size_table(table)
-        readings_table()
+        report.slow_table("Headline settings: HRM's checkpoint readings at the chosen lr (mean ± sd over the seeds "
+                          "read)", "arm", ((label(n), chosen_dirs(n)) for n in (*LOOPED, CONTROL[0])), cost=True)
+        report.depth_table("Headline settings: depth at inference (val CE at multiples of the trained depth; N' Slow "
+                           "firings with T kept, or T' Fast steps per firing with N kept)", ("arm",),
+                           ((label(n), chosen_dirs(n)) for n in LOOPED))
     done = [d for d, _ in all_jobs() if runner.finished(d)]
     print(f"{len(done)} runs committed ({report.hours(done):.1f} hours of training in all, one core each; their logs' "
           f"time_s); {len(all_jobs()) - len(done)} known still to run at this phase\n")

@@ -70,27 +70,21 @@ def runs(v, iters):
     return [(d, cmd) for d, cmd in jobs_of(v, iters) if runner.finished(d)]
 
 
-def reading(out_dir):
-    """The committed kv.json of a run, or None."""
-    return report.reading(out_dir, "kv.json", fields=(("rows", (list,)),))
-
-
-def read(out_dir):
-    """Read every policy of the run's last checkpoint and commit it beside the log (kv.json)."""
-    report.reading(out_dir, "kv.json", lambda model, batches: {"rows": kv_table(model, batches, "cpu",
-                                                                                POLICIES[model.config.arch])},
-                   ("hrm", "unitf"))
+def reading(out_dir, read=False):
+    """The committed kv.json of a run, or None; read: where it is missing, every policy read from the run's last
+    checkpoint and committed."""
+    def compute(model, batches):
+        return {"rows": kv_table(model, batches, "cpu", POLICIES[model.config.arch])}
+    return report.reading(out_dir, "kv.json", compute if read else None, ("hrm", "unitf"), (("rows", (list,)),))
 
 
 SPEED = os.path.join(runner.ROOT, "experiments", "logs", "kv_speed.json")
 
 
 def speed(reps=5, tokens=None, prompt=16):
-    """Cached greedy tok/s (batch 1, one thread) of each variant's shape under each of its policies: the median
-    of reps timings of `tokens` tokens after a `prompt`-token prompt, every variant and policy timed once per
-    round. Every token must be a cached step: past block_size, generate crops the context and computes each
-    token with a full forward, so tokens defaults to block_size - prompt, and more is refused. Written to SPEED
-    (atomically)."""
+    """Cached greedy tok/s (batch 1, one thread) of each variant's shape under each of its policies, the median of
+    reps rounds that each time every one once, written to SPEED. Past block_size each token would be a full forward,
+    not a cached step: tokens defaults to block_size - prompt, and more is refused."""
     models = {}
     for v in VARIANTS:
         torch.manual_seed(0)
@@ -121,13 +115,6 @@ def speed(reps=5, tokens=None, prompt=16):
         json.dump({"threads": 1, "reps": reps, "tokens": tokens, "prompt": prompt, "tok_s": rows}, f, indent=1)
 
 
-def speeds():
-    """--speed's tok/s by variant and policy, or {} before it has run."""
-    if not os.path.exists(SPEED):
-        return {}
-    return runner.committed_json(SPEED, (("tok_s", (dict,)),)).get("tok_s", {})
-
-
 def missing():
     """Every run whose reading is missing: the 400-iteration ones first (minutes each, not hours); the long ones
     seed by seed (every variant's first seed before any variant's second), so that a stopped session leaves each
@@ -142,7 +129,7 @@ def missing():
 def table():
     """Markdown: per variant and length, each policy's seed-mean decoding CE, its paired difference from the
     exact cache (95% interval, p), greedy agreement, bytes per token and tok/s."""
-    fast = speeds()
+    fast = runner.committed_json(SPEED, (("tok_s", (dict,)),)).get("tok_s", {}) if os.path.exists(SPEED) else {}
     lines = ["### KV cache policies: decoding val CE by policy (mean ± sd over seeds; difference from `full` paired "
              "by seed, 95% interval and p; cached tok/s from --speed)\n",
              "| variant | iters | kv | seeds | decoding CE | vs full | greedy agreement | KV bytes/token | cached tok/s |",
@@ -195,22 +182,20 @@ def main():
     os.chdir(runner.ROOT)
     if args.speed and (args.tables or args.dry_run):
         ap.error("--speed times decoding and prints the table: give it alone")
-    if args.speed:
-        runner.require_data([("shakespeare_char", "--dataset=shakespeare_char")])
-        speed()
-        print(table())
-        return
     train = [j for v in REMEDIES for j in jobs_of(v, 400) + probe_jobs(v)]   # the remedy's runs, trained here
     if args.dry_run:
         return runner.dry_run(train, missing())
     if not args.tables:
         runner.require_data([("shakespeare_char", "--dataset=shakespeare_char")])
+    if args.speed:
+        speed()
+    elif not args.tables:
         runner.run_all(train, args.workers)
         jobs = missing()
         print(f"{len(jobs)} runs to rerun and read", flush=True)
         for i in range(0, len(jobs), args.workers):   # read each group as it finishes, not all at the end
             group = [(d, c) for d, c in jobs[i:i + args.workers] if reading(d) is None]   # another runner's since
-            runner.rerun_and_read(group, args.workers, read)
+            runner.rerun_and_read(group, args.workers, lambda d: reading(d, read=True))
     print(table())
 
 

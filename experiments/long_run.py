@@ -73,43 +73,13 @@ def paired_gap(a, b, it):
 
 def gap(a, b, it):
     """(a minus b, its standard error) of the seed means at iteration it, or None."""
-    ca, cb = curve(a).get(it), curve(b).get(it)
-    if not ca or not cb or len(ca) < 2 or len(cb) < 2:
-        return None
-    return report.difference({a: mean_sd(ca), b: mean_sd(cb)}, a, b)
+    return report.difference({v: mean_sd(curve(v).get(it, [])) for v in (a, b)}, a, b)
 
 
 def reading_jobs():
     """The READ variants' finished chosen runs whose checkpoint readings are not committed yet: trained again."""
     return [(d, cmd) for v in READ if chosen(v) for d, cmd in (job(v, chosen(v), s) for s in SEEDS)
             if runner.finished(d) and not os.path.exists(report.reading_path(d, "analysis.json"))]
-
-
-def readings_tables():
-    """Depth at inference and the Slow-module reading after 4000 iterations, beside the same at 400."""
-    print(f"### Long run: depth at inference after 400 and {ITERS} iterations (val CE, mean ± sd over the seeds "
-          "read; HRM: N' Slow firings with T kept, or T' Fast steps per firing with N kept; UniTF: M' steps)\n")
-    header("variant", "iterations", "varied", *[f"{f:g}x" for f in report.DEPTHS])
-    for v in READ:
-        for its, runs in ((400, arms.best_runs("char", v)), (ITERS, chosen_runs(v))):
-            n = sum(1 for d in runs if report.analysis(d))
-            for what, cells in report.depth_cells(report.depth_rows(runs)).items():
-                print(f"| {v} | {its} (n={n}) | {what}' | " + " | ".join(cells) + " |")
-    print()
-    print(f"### Long run: the Slow-module reading of post-norm HRM after 400 and {ITERS} iterations (mean ± sd "
-          "over the seeds read; 64 validation sequences of 128 characters)\n")
-    print(report.SLOW_LEGEND)
-    header("iterations", "CE", "ΔCE, H frozen", "z_H drift", "w_H", "w_L", "w_I")
-    for its, runs in ((400, arms.best_runs("char", "hrm-post")), (ITERS, chosen_runs("hrm-post"))):
-        cells, n = report.slow_cells(runs)
-        if cells:
-            print(f"| {its} (n={n}) | {cells} |")
-    print()
-    if any(report.analysis(d) for d in chosen_runs("hrm-post")):
-        print(f"### Long run: the Slow-module reading, seed by seed: post-norm HRM after {ITERS} iterations\n")
-        header("seed", "CE", "ΔCE, H frozen", "z_H drift", "w_H / w_L / w_I")
-        report.slow_seed_rows(chosen_runs("hrm-post"))
-        print()
 
 
 def mean_curve(v):
@@ -174,7 +144,17 @@ def tables():
         print(f"| {a} | {b} | " + " | ".join(str(paired_gap(a, b, it) or "-") for it in AT) + " |")
     print()
     reach_table()
-    readings_tables()
+    report.depth_table(f"Long run: depth at inference after 400 and {ITERS} iterations (val CE, mean ± sd over the "
+                       "seeds read; HRM: N' Slow firings with T kept, or T' Fast steps per firing with N kept; UniTF: "
+                       "M' steps)", ("variant", "iterations"),
+                       ((f"{v} | {its} (n={sum(1 for d in runs if report.analysis(d))})", runs) for v in READ
+                        for its, runs in ((400, arms.best_runs("char", v)), (ITERS, chosen_runs(v)))))
+    report.slow_table(f"Long run: the Slow-module reading of post-norm HRM after 400 and {ITERS} iterations (mean ± "
+                      "sd over the seeds read; 64 validation sequences of 128 characters)", "iterations",
+                      ((400, arms.best_runs("char", "hrm-post")), (ITERS, chosen_runs("hrm-post"))))
+    if any(report.analysis(d) for d in chosen_runs("hrm-post")):
+        report.slow_seed_table(f"Long run: the Slow-module reading, seed by seed: post-norm HRM after {ITERS} "
+                               "iterations", chosen_runs("hrm-post"))
     missing = [v for v in VARIANTS if not curve(v)]
     if missing:   # never overwrite the committed plot with a partial one
         print(f"long_run.py: not drawing docs/long_run.png: no committed run at the chosen lr of "
@@ -214,20 +194,17 @@ def draw(uni):
 
 
 def main():
-    args = runner.runner_parser(__doc__, "print the tables and draw the plot only").parse_args()
-    os.chdir(runner.ROOT)
-    if args.dry_run:
-        return runner.dry_run(phase_a() + phase_b(), reading_jobs())
-    if not args.tables:
-        runner.require_data([("shakespeare_char", "--dataset=shakespeare_char")])
+    def run(workers):
         missing = [v for v in VARIANTS if candidates(v) is None]
         if missing:
             raise UserError(f"no settled 400-iteration learning rate yet for {', '.join(missing)}; run python "
                             "experiments/sweep.py first")
-        runner.run_all(phase_a(), args.workers)
-        runner.run_all(phase_b(), args.workers)
-        runner.rerun_and_read(reading_jobs(), args.workers, report.analysis)
-    tables()
+        runner.run_all(phase_a(), workers)
+        runner.run_all(phase_b(), workers)
+        runner.rerun_and_read(reading_jobs(), workers, report.analysis)
+    runner.runner_main(__doc__, lambda: phase_a() + phase_b(), run, tables,
+                       [("shakespeare_char", "--dataset=shakespeare_char")], reading_jobs,
+                       "print the tables and draw the plot only")
 
 
 if __name__ == "__main__":

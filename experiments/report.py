@@ -1,11 +1,7 @@
 """
-The report layer every study prints and draws with, from the committed logs alone: the statistics (Welch's t for two
-groups of runs, the paired t where the runs share seeds, each with its two-sided p-value and 95% interval, and the
-verdict the interval allows), table cells, the checkpoint readings committed beside a run's log (computed once from
-its last checkpoint), and the plots' shared parts.
-
-    d = welch([2.26, 2.13, 2.28], [1.95, 1.99, 1.98])   # d.diff, d.lo, d.hi, d.p, d.df
-    verdict(d, effect=0.25)                              # what the interval lets one say
+What every study prints and draws with, from the committed logs alone: the statistics (Welch's t, the paired t where
+runs share seeds: p-value, 95% interval, the verdict it allows), table parts, the checkpoint readings committed beside
+a run's log (computed once from its last checkpoint), and the plots' shared parts.
 """
 
 import json
@@ -20,8 +16,7 @@ import torch  # noqa: E402
 from scipy import stats  # noqa: E402  Student's t (scipy is for experiments/ alone: requirements.txt)
 
 import runner  # noqa: E402
-from hrmlm.common import atomic_write  # noqa: E402
-from hrmlm.common import unigram_ce  # noqa: E402
+from hrmlm.common import atomic_write, unigram_ce  # noqa: E402
 from tools import analyze  # noqa: E402
 
 DEPTHS = [0.5, 1, 2, 4]   # multiples of the trained depth for the inference-depth tables
@@ -151,14 +146,14 @@ def cell(out_dir):
 
 def unigrams():
     """The unigram CE of each testbed, computed from the data once and committed beside the logs."""
-    path = os.path.join(runner.ROOT, runner.LOGS, "sweep", "unigram.json")
+    path, data = os.path.join(runner.ROOT, runner.LOGS, "sweep", "unigram.json"), os.path.join(runner.ROOT, "data")
     if not os.path.exists(path):
-        if not all(os.path.exists(os.path.join(runner.ROOT, "data", d, "val.bin")) for d in ("shakespeare_char", "shakespeare")):
+        if not all(os.path.exists(os.path.join(data, d, "val.bin")) for d in ("shakespeare_char", "shakespeare")):
             return {"char": math.nan, "bpe": math.nan}
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
-            json.dump({"char": unigram_ce(os.path.join(runner.ROOT, "data"), "shakespeare_char"),
-                       "bpe": unigram_ce(os.path.join(runner.ROOT, "data"), "shakespeare")}, f, indent=1)
+            json.dump({"char": unigram_ce(data, "shakespeare_char"), "bpe": unigram_ce(data, "shakespeare")}, f,
+                      indent=1)
     return runner.committed_json(path, (("char", (int, float)), ("bpe", (int, float))))
 
 
@@ -206,9 +201,8 @@ def reading(out_dir, name, compute=None, archs=("hrm",), fields=()):
 
 
 def analysis(out_dir):
-    """The sweep's reading (analysis.json), None where it has none: for HRM the Slow-module ablation (CE with z_H
-    frozen at z_H0), z_H's drift from z_H0 and the fusion weights (analyze.py's HLRole A-C); for HRM and UniTF, val
-    CE at 0.5x to 4x the trained depth (analyze.py --depth)."""
+    """The sweep's reading (analysis.json), or None: for HRM the Slow-module ablation (CE with z_H frozen at z_H0),
+    z_H's drift, the fusion weights (analyze.py's HLRole A-C); for HRM and UniTF, val CE at DEPTHS x trained depth."""
     def compute(model, batches):
         r = {"ce": analyze.val_ce(model, batches, "cpu"), "depth": analyze.depth_table(model, batches, "cpu", DEPTHS)}
         if model.config.arch == "hrm":
@@ -224,24 +218,28 @@ SLOW_LEGEND = ("ΔCE: CE with z_H frozen at its prototype z_H0 (H_net's update r
                "drift: ‖z_H - z_H0‖ / ‖z_H0‖ after the last step; w_H, w_L, w_I: the output fusion's mean weights.\n")
 
 
-def slow_cells(runs):
-    """('CE | ΔCE, H frozen | z_H drift | w_H | w_L | w_I' (mean ± sd) over the HRM runs' checkpoint readings,
-    how many were read); (None, 0) where none has been."""
-    rs = [r for r in map(analysis, runs) if r]
-    if not rs:
-        return None, 0
+def slow_table(title, first, rows, cost=False):
+    """The Slow-module readings (mean ± sd over the runs read) of each (name, runs) of rows that has any, under
+    SLOW_LEGEND; cost: frozen_cost's interval too."""
+    print(f"### {title}\n")
+    print(SLOW_LEGEND)
+    header(first, "CE", "ΔCE, H frozen", "z_H drift", "w_H", "w_L", "w_I", *(["ΔCE [95% CI], p"] if cost else []))
+    for name, runs in rows:
+        rs = [r for r in map(analysis, runs) if r]
+        if rs:
+            cols = [[r["ce"] for r in rs], [r["ce_h_frozen"] - r["ce"] for r in rs], [r["z_H_drift"] for r in rs]]
+            cols += [[r["fusion"][w] for r in rs] for w in ("w_H", "w_L", "w_I")]
+            cells = [f"{m:{'+' if i == 1 else ''}.3f} ± {sd:.3f}" for i, (m, sd, _) in enumerate(map(mean_sd, cols))]
+            cells += [str(frozen_cost(runs) or "-")] if cost else []
+            print(f"| {name} (n={len(rs)}) | " + " | ".join(cells) + " |")
+    print()
 
-    def ms(key, sign=""):
-        m, sd, n = mean_sd([key(r) for r in rs])
-        return f"{m:{sign}.3f} ± {sd:.3f}"
-    return (f"{ms(lambda r: r['ce'])} | {ms(lambda r: r['ce_h_frozen'] - r['ce'], '+')} | "
-            f"{ms(lambda r: r['z_H_drift'])} | {ms(lambda r: r['fusion']['w_H'])} | "
-            f"{ms(lambda r: r['fusion']['w_L'])} | {ms(lambda r: r['fusion']['w_I'])}"), len(rs)
 
-
-def slow_seed_rows(runs):
-    """'| seed | CE | ΔCE, H frozen | z_H drift | w_H / w_L / w_I |' rows, one per read run, then ΔCE's mean with
-    its 95% interval (frozen against not, paired by checkpoint) where 2 or more are read."""
+def slow_seed_table(title, runs):
+    """The Slow-module readings run by run, then ΔCE's mean with its 95% interval (frozen against not, paired by
+    checkpoint) where 2 or more are read."""
+    print(f"### {title}\n")
+    header("seed", "CE", "ΔCE, H frozen", "z_H drift", "w_H / w_L / w_I")
     for d in runs:
         r = analysis(d)
         if r:
@@ -251,6 +249,7 @@ def slow_seed_rows(runs):
     cost = frozen_cost(runs)
     if cost:
         print(f"| mean [95% CI], p | - | {cost} | - | - |")
+    print()
 
 
 def frozen_cost(runs):
@@ -270,15 +269,19 @@ def depth_rows(runs):
     return out
 
 
-def depth_cells(rows):
-    """{varied: 'mean ± sd' cells at each of DEPTHS} for the lines (N', T', M') the readings have."""
-    out = {}
-    for what in ("N", "T", "M"):
-        cells = ["{:.3f} ± {:.3f}".format(*mean_sd(rows[what, float(f)])[:2]) if rows.get((what, float(f))) else "-"
-                 for f in DEPTHS]
-        if any(c != "-" for c in cells):
-            out[what] = cells
-    return out
+def depth_table(title, first, rows):
+    """Val CE at each of DEPTHS (mean ± sd of the readings): a line per (name, runs) of rows and per depth varied
+    (N', T', M') that the readings have."""
+    print(f"### {title}\n")
+    header(*first, "varied", *[f"{f:g}x" for f in DEPTHS])
+    for name, runs in rows:
+        ces = depth_rows(runs)
+        for what in ("N", "T", "M"):
+            cells = ["{:.3f} ± {:.3f}".format(*mean_sd(ces[what, float(f)])[:2]) if ces.get((what, float(f))) else "-"
+                     for f in DEPTHS]
+            if any(c != "-" for c in cells):
+                print(f"| {name} | {what}' | " + " | ".join(cells) + " |")
+    print()
 
 
 # --- plots --------------------------------------------------------------------------------------------------------

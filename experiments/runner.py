@@ -1,14 +1,10 @@
 """
 The runner every study shares: each run a plain train.py command in a subprocess, `workers` at a time with one thread
-each, skipped where its results are committed. What a run writes to its out_dir (log.jsonl, its checkpoint's
-settings) is stored when it ends as experiments/logs/<study>/.../log.jsonl and run.json (command, outcome, final CE,
-ms/iter, size, counted FLOPs): a run is finished once run.json is there, so the same command, run again, goes on.
-
-A stop signal to a study (its entry point is hrmlm.signals.main) sends each running train.py one SIGTERM (it saves at
-the end of its iteration and exits 128 + 15), waits for them, and ends the study with one line, '<prog>: error:
-interrupted by SIGTERM; run the same command to resume', and 128 + n; so does a run stopped by a signal of its own.
-A runner killed outright leaves its runs going: the next skips a run whose out_dir/.lock a train.py holds, as it
-skips one another runner has claimed (runner.lock), so runners started side by side share the work.
+each. A run that ends is stored as experiments/logs/<study>/.../log.jsonl and run.json (command, outcome, final CE,
+ms/iter, size, counted FLOPs): a run is finished once run.json is committed, so the same command, run again, goes on.
+A stop signal to a study (hrmlm.signals.main) sends each running train.py one SIGTERM, waits for them, and ends the
+study with one line and 128 + n; so does a run stopped by a signal of its own. A run whose out_dir/.lock a train.py
+holds (say, a killed runner's), or that another runner has claimed (runner.lock), is skipped.
 """
 
 import argparse
@@ -55,8 +51,7 @@ def bad_committed(path, why):
 
 
 def committed_json(path, fields=()):
-    """A committed JSON object (run.json, analysis.json, kv.json, ...), each of `fields` ((name, types)) of its type
-    where present; else bad_committed."""
+    """A committed JSON object (run.json, analysis.json, ...), each of `fields` ((name, types)) of its type if there."""
     try:
         with open(path) as f:
             data = json.load(f)
@@ -73,9 +68,8 @@ def committed_json(path, fields=()):
 def facts(out_dir):
     """The committed facts of a finished run (experiments/logs/.../run.json), or None."""
     path = os.path.join(ROOT, log_dir(out_dir), "run.json")
-    if not os.path.exists(path):
-        return None
-    return committed_json(path, (("final_val", NUMBER), ("diverged", (bool,)), ("command", (str,))))
+    fields = (("final_val", NUMBER), ("diverged", (bool,)), ("command", (str,)))
+    return committed_json(path, fields) if os.path.exists(path) else None
 
 
 def finished(out_dir):
@@ -165,11 +159,9 @@ def workers_arg(text):
 
 
 def run_all(jobs, workers, rerun=False):
-    """Run (out_dir, cmd) jobs, `workers` at a time with one thread each; skip finished ones (their logs are
-    committed), resume cut ones from their last checkpoint; store() each one that finishes.
-    rerun=True: the jobs are finished runs, run again for their checkpoints (not committed); each is checked
-    against its committed log, and the out_dirs that reproduce it are returned.
-    A stop signal, or a run stopped by one, stops the running runs and ends the study (the module's docstring)."""
+    """Run (out_dir, cmd) jobs, skipping finished ones, resuming cut ones; store() each one that finishes.
+    rerun=True: the jobs are finished runs, run again for their checkpoints (not committed); the out_dirs whose log
+    reproduces the committed one are returned."""
     todo, kept = [(d, c) for d, c in jobs if rerun or not finished(d)], []
     if rerun:
         kept = [d for d, c in todo if kept_rerun(d, c)]   # an earlier rerun's checkpoint, still here: no third run
@@ -305,8 +297,7 @@ def check_rerun(out_dir):
 
 
 def rerun_and_read(jobs, workers, read):
-    """Finished runs trained again for their checkpoints (not committed), and read() on each that reproduces its
-    committed log."""
+    """Finished runs trained again for their checkpoints (not committed), read() on each that reproduces its log."""
     for d in run_all(jobs, workers, rerun=True) if jobs else []:
         print(f"reading {d}", flush=True)
         read(d)
@@ -336,10 +327,11 @@ def require_data(datasets):
             raise UserError(f"data/{ds} not found; run python prepare.py {hint}".rstrip())
 
 
-def runner_main(doc, jobs, run, tables, datasets, reruns=list):
+def runner_main(doc, jobs, run, tables, datasets, reruns=list,
+                tables_help="print the tables only, from the committed logs"):
     """A study's main where it has no options of its own: --dry-run lists jobs() and reruns(), --tables prints
     tables(); else the data is checked, run(workers) trains and reads what is missing, then tables()."""
-    args = runner_parser(doc, "print the tables only, from the committed logs").parse_args()
+    args = runner_parser(doc, tables_help).parse_args()
     os.chdir(ROOT)
     if args.dry_run:
         return dry_run(jobs(), reruns())

@@ -27,7 +27,7 @@ import sys
 import arms
 import report
 import runner
-from arms import CHAR, GRID, LRS, SEEDS, best_lr, best_runs, command, lr_name, run_dir, settled, tried, variants
+from arms import CHAR, GRID, LRS, SEEDS, VARIANTS, best_lr, best_runs, command, lr_name, run_dir, settled, tried
 from hrmlm import signals
 from hrmlm.common import UserError
 from report import header, mean_sd
@@ -37,7 +37,7 @@ def edge_runs(testbed):
     """A variant whose best lr is the highest (lowest) it tried gets the next grid point up (down), so
     every reported best is bracketed by a worse lr on each side where the grid allows."""
     jobs = []
-    for v in variants(testbed):
+    for v in VARIANTS[testbed]:
         lrs, lr = tried(testbed, v), best_lr(testbed, v)
         if lr is not None:
             i = GRID.index(lr)
@@ -46,39 +46,29 @@ def edge_runs(testbed):
     return jobs
 
 
-def first_runs(testbed):
-    """Phase 1: every character variant at the 4 grid lrs; BPE: each variant at its best character-level lr and one
-    grid step each side. Seed 1337."""
-    if testbed == "char":
-        return [command("char", v, lr, SEEDS[0]) for v in CHAR for lr in LRS]
-    lrs = {v: best_lr("char", arms.CHAR_LR_OF.get(v, v)) for v in arms.BPE}
-    return [command("bpe", v, g, SEEDS[0]) for v, lr in lrs.items() if lr is not None
-            for g in GRID[max(GRID.index(lr) - 1, 0):GRID.index(lr) + 2]]
-
-
-def seed_runs(testbed):
-    """Each variant's best learning rate with the other two seeds; the K ablation (post-norm HRM at its best
-    character-level lr with K = 1 and K = 4 = M, 3 seeds)."""
-    jobs = [command(testbed, v, best_lr(testbed, v), s) for v in variants(testbed)
-            if best_lr(testbed, v) is not None for s in SEEDS[1:]]
-    lr = best_lr("char", "hrm-post") if testbed == "char" else None
-    return jobs + ([] if lr is None else [command("char", v, lr, s, args, extra) for v, args, extra in arms.K_ABLATION
-                                          for s in SEEDS])
-
-
 def run_everything(workers, testbeds):
-    """Each testbed's first runs, the grid grown until every best is bracketed, then the seeds."""
+    """Phases 1-3 (the module's docstring), testbed by testbed, the grid grown until every best is bracketed."""
     for tb in [t for t in ("char", "bpe") if t in testbeds]:
-        runner.run_all(first_runs(tb), workers)
+        if tb == "char":
+            first = [command("char", v, lr, SEEDS[0]) for v in CHAR for lr in LRS]
+        else:   # each variant at its best character-level lr and one grid step each side
+            lrs = {v: best_lr("char", arms.CHAR_LR_OF.get(v, v)) for v in arms.BPE}
+            first = [command("bpe", v, g, SEEDS[0]) for v, lr in lrs.items() if lr is not None
+                     for g in GRID[max(GRID.index(lr) - 1, 0):GRID.index(lr) + 2]]
+        runner.run_all(first, workers)
         while jobs := edge_runs(tb):
             runner.run_all(jobs, workers)
-        runner.run_all(seed_runs(tb), workers)
+        seeds = [command(tb, v, best_lr(tb, v), s) for v in VARIANTS[tb] if best_lr(tb, v) is not None
+                 for s in SEEDS[1:]]
+        lr = best_lr("char", "hrm-post") if tb == "char" else None   # the K ablation, 3 seeds
+        runner.run_all(seeds + ([] if lr is None else [command("char", v, lr, s, args, extra)
+                                                       for v, args, extra in arms.K_ABLATION for s in SEEDS]), workers)
 
 
 # --- tables and plots, from the committed logs alone ----------------------------------------------
 
 def lr_table(testbed, title):
-    vs = variants(testbed)
+    vs = VARIANTS[testbed]
     print(f"### {title}\n")
     cols = [lr for lr in GRID if any(lr in tried(testbed, v) for v in vs)]
     header("variant", "params", "MFLOPs/token", *[f"lr {lr_name(lr)}" for lr in cols], "best lr")
@@ -94,7 +84,7 @@ def seeds_table(testbed, title, uni):
     """Each variant at its best lr over the 3 seeds."""
     print(f"### {title}\n")
     header("variant", "MFLOPs/token", "lr", *[f"seed {s}" for s in SEEDS], "mean ± sd", "below unigram")
-    for v in variants(testbed):
+    for v in VARIANTS[testbed]:
         lr = best_lr(testbed, v)
         if lr is None:
             continue
@@ -159,40 +149,14 @@ def differences_table():
     ds = [report.paired(seed_values("char", a), seed_values("char", b)) for a, b in zip(chain, chain[1:])]
     if all(ds):
         total = report.paired(seed_values("char", chain[0]), seed_values("char", chain[-1]))
+        parts = " ".join(f"{d.diff:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}] ({what})" for d, what in
+                         zip(ds, ("the Slow module", "HRM's step vs a plain shared block", "weight sharing")))
         print(f"Decomposition, post-norm, d=128 throughout, paired by seed (95% intervals): HRM - Transformer = "
-              f"{total.diff:+.3f} = {ds[0].diff:+.3f} [{ds[0].lo:+.3f}, {ds[0].hi:+.3f}] (the Slow module) "
-              f"{ds[1].diff:+.3f} [{ds[1].lo:+.3f}, {ds[1].hi:+.3f}] (HRM's step vs a plain shared block) "
-              f"{ds[2].diff:+.3f} [{ds[2].lo:+.3f}, {ds[2].hi:+.3f}] (weight sharing)\n")
-
-
-def slow_table():
-    print("### The Slow-module reading: each HRM variant at its best lr, 3 seeds (mean ± sd; 64 validation "
-          "sequences of 128 characters)\n")
-    print(report.SLOW_LEGEND)
-    header("variant", "CE", "ΔCE, H frozen", "z_H drift", "w_H", "w_L", "w_I")
-    for v in ("hrm-post", "hrm-pre", "hrm_fast_only-post"):
-        cells, n = report.slow_cells(best_runs("char", v))
-        if cells:
-            print(f"| {v} (n={n}) | {cells} |")
-    print()
-    print("### The Slow-module reading, seed by seed: post-norm HRM at its best lr\n")
-    header("seed", "CE", "ΔCE, H frozen", "z_H drift", "w_H / w_L / w_I")
-    report.slow_seed_rows(best_runs("char", "hrm-post"))
-    print()
+              f"{total.diff:+.3f} = {parts}\n")
 
 
 DEPTH_VARIANTS = ["hrm-post", "hrm-pre", "hrm_rdepth-post", "unitf-post", "unitf-pre", "unitf_full-post",
                   "unitf_d128-post", "unitf_rdepth-post"]
-
-
-def depth_table():
-    print("### Depth at inference: val CE with the trained weights run at other depths, best lr, 3 seeds "
-          "(mean ± sd; HRM: N' Slow firings with T kept, or T' Fast steps per firing with N kept; UniTF: M' steps)\n")
-    header("variant", "varied", *[f"{f:g}x" for f in report.DEPTHS])
-    for v in DEPTH_VARIANTS:
-        for what, cells in report.depth_cells(report.depth_rows(best_runs("char", v))).items():
-            print(f"| {v} | {what}' | " + " | ".join(cells) + " |")
-    print()
 
 
 def k_table():
@@ -224,8 +188,14 @@ def tables():
     lr_table("bpe", "BPE testbed (GPT-2 BPE, d=128, 400 iterations): validation CE by learning rate (seed 1337)")
     seeds_table("bpe", "BPE testbed: each variant at its best learning rate, 3 seeds", uni["bpe"])
     k_table()
-    slow_table()
-    depth_table()
+    report.slow_table("The Slow-module reading: each HRM variant at its best lr, 3 seeds (mean ± sd; 64 validation "
+                      "sequences of 128 characters)", "variant",
+                      ((v, best_runs("char", v)) for v in ("hrm-post", "hrm-pre", "hrm_fast_only-post")))
+    report.slow_seed_table("The Slow-module reading, seed by seed: post-norm HRM at its best lr",
+                           best_runs("char", "hrm-post"))
+    report.depth_table("Depth at inference: val CE with the trained weights run at other depths, best lr, 3 seeds "
+                       "(mean ± sd; HRM: N' Slow firings with T kept, or T' Fast steps per firing with N kept; UniTF: "
+                       "M' steps)", ("variant",), ((v, best_runs("char", v)) for v in DEPTH_VARIANTS))
     draw(uni)
 
 
@@ -234,7 +204,7 @@ def draw(uni):
     kept = []
     for name, testbed, fn in (("sweep_lr.png", "char", draw_lr), ("bpe_lr.png", "bpe", draw_lr),
                               ("sweep_curves.png", "char", draw_curves), ("depth.png", "char", draw_depth)):
-        missing = [v for v in variants(testbed) if not settled(testbed, v)]
+        missing = [v for v in VARIANTS[testbed] if not settled(testbed, v)]
         if missing:   # never overwrite a committed plot with an empty or partial one
             kept.append(f"docs/{name} ({len(missing)} {testbed} variant(s) unsettled: {', '.join(missing[:3])}"
                         f"{', ...' if len(missing) > 3 else ''})")
@@ -258,7 +228,7 @@ def style(v):
 
 def draw_lr(name, testbed, uni):
     fig, ax = report.figure()
-    for v in variants(testbed):
+    for v in VARIANTS[testbed]:
         pts = [(lr, runner.final_val(run_dir(testbed, v, lr, SEEDS[0]))) for lr in tried(testbed, v)]
         pts = [(lr, y) for lr, y in pts if math.isfinite(y)]
         if pts:
@@ -272,7 +242,7 @@ def draw_lr(name, testbed, uni):
 
 def draw_curves(name, testbed, uni):
     fig, ax = report.figure()
-    for v in variants(testbed):
+    for v in VARIANTS[testbed]:
         logs = [runner.run_log(d) for d in best_runs(testbed, v)]
         if logs:
             report.band(ax, *report.seed_curve(logs), marker="o", markersize=2.5,
