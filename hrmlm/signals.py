@@ -27,9 +27,8 @@ def install(handler):
 def leave(prog, note="", speak=True):   # the line, and out at once (os._exit: nothing on the way can raise or block)
     n = received[0] if received else signal.SIGINT   # a KeyboardInterrupt without a signal: a Ctrl-C all the same
     then = f" (then by {signal.Signals(received[1]).name})" if len(received) > 1 else ""
-    sys.stdout.flush()
-    if speak:
-        print(f"{prog}: error: interrupted by {signal.Signals(n).name}{then}{note}", file=sys.stderr, flush=True)
+    sys.stdout.flush()   # stderr is line-buffered: its line is out before the exit
+    print(f"{prog}: error: interrupted by {signal.Signals(n).name}{then}{note}", file=sys.stderr) if speak else None
     os._exit(SIGNALLED + n)
 
 
@@ -37,8 +36,7 @@ def guard(prog, note="", speak=True, first=None):
     """A signal: the line, out at once (an import too). With `first` (train.py's loop) the first is only said and kept."""
     def on_signal(n, frame):
         received.append(n)
-        if first is None or len(received) > 1:
-            leave(prog, note, speak)
+        leave(prog, note, speak) if first is None or len(received) > 1 else None
         print(f"{prog}: {signal.Signals(n).name}: {first}", file=sys.stderr, flush=True) if speak else None
     install(on_signal)
 
