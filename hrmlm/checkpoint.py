@@ -246,8 +246,8 @@ def claim_out_dir(out_dir, resume, overwrite, claim=True):
             f", only {', '.join(held)}" + " (older code's ckpt_last.pt is no longer read)" * ("ckpt_last.pt" in held) +
             ": start it again with --init_from=scratch --overwrite=True" if held else ""))
     if held and claim and not (resume or overwrite):
-        raise UserError(f"out_dir {out_dir!r} already holds a run ({', '.join(held)}); resume it with --init_from="
-                        f"resume, replace it with --overwrite=True, or choose another --out_dir")
+        raise UserError(f"out_dir {out_dir!r} already holds a run ({', '.join(held)}); " + "resume it with "
+                        "--init_from=resume, " * bool(last) + "replace it with --overwrite=True, or choose another out_dir")
     if lock:
         lock.truncate(0)
         print(f"pid {os.getpid()} on {os.uname().nodename}", file=lock, flush=True)

@@ -354,6 +354,8 @@ def test_a_folder_with_only_a_log_names_the_way_out(data_dir, tmp_path):
     line = one_error_line(run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, str(out), check=False))
     assert "holds no resume state (ckpt_last.dcp), only log.jsonl" in line and "--init_from=scratch --overwrite=True" \
         in line, line
+    line = one_error_line(run_train(HRM + ["--max_iters=6"], data_dir, str(out), check=False))   # nothing to resume:
+    assert "already holds a run (log.jsonl); replace it with --overwrite=True" in line, line     # not advised
 
 
 def test_the_log_is_strict_json(tmp_path):
