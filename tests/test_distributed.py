@@ -328,3 +328,45 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_iteration(data_dir, t
     run_train(args + [f"--max_iters={stopped[0] + 2}", "--init_from=resume"], data_dir, out, nproc=2)
     run_train(args + [f"--max_iters={stopped[0] + 2}"], data_dir, ref, nproc=2)
     assert by_iter(out)[stopped[0] + 2]["val_loss"] == by_iter(ref)[stopped[0] + 2]["val_loss"]
+
+
+# Counts, in each torchrun rank, the collectives (dist.all_reduce) and host reads (.tolist(), .item()) train.py's own
+# lines make (not torch's: AdamW reads its CPU step counters), the counts at every optimizer step; finish() writes them
+SYNC_COUNTER = r"""
+import json, os, sys, torch, torch.distributed as dist
+counts, marks = {"all_reduce": 0, "host_reads": 0}, []
+real = {"all_reduce": dist.all_reduce, "tolist": torch.Tensor.tolist, "item": torch.Tensor.item,
+        "step": torch.optim.AdamW.step}
+def counted(name, key):
+    def f(*a, **k):
+        counts[key] += sys._getframe(1).f_code.co_filename.endswith("train.py")   # train.py's own, not torch's
+        return real[name](*a, **k)
+    return f
+dist.all_reduce = counted("all_reduce", "all_reduce")
+torch.Tensor.tolist, torch.Tensor.item = counted("tolist", "host_reads"), counted("item", "host_reads")
+def step(self, *a, **k):
+    marks.append(dict(counts))
+    return real["step"](self, *a, **k)
+torch.optim.AdamW.step = step
+def finish():
+    with open(os.environ["OUT"] + "." + os.environ["RANK"], "w") as f:
+        json.dump(marks, f)
+"""
+
+
+def test_one_collective_and_one_host_read_per_iteration_under_torchrun(data_dir, tmp_path):
+    """Between two optimizer steps of a 2-rank DDP run (no evaluation between them) train.py makes one all-reduce
+    (the loss and the stop flag together) and one host read (the loss, the stop vote and the grad norm): the stop
+    signal costs no sync of its own. DDP's gradient buckets go through its reducer, not counted here."""
+    out, counts = str(tmp_path / "run"), str(tmp_path / "counts")
+    cmd = conftest.patched(SYNC_COUNTER, tmp_path, [sys.executable, os.path.join(ROOT, "train.py"), *conftest.TINY,
+                           f"--data_dir={data_dir}", f"--out_dir={out}", *HRM, "--gradient_accumulation_steps=2",
+                           "--max_iters=6", "--eval_interval=100"])
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *cmd[1:]],
+                       cwd=ROOT, env=dict(ENV, OUT=counts), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for rank in (0, 1):
+        marks = json.load(open(f"{counts}.{rank}"))
+        assert len(marks) == 6, marks
+        steps = [{k: b[k] - a[k] for k in a} for a, b in zip(marks, marks[1:])]
+        assert steps == [{"all_reduce": 1, "host_reads": 1}] * 5, (rank, steps)
