@@ -172,7 +172,7 @@ try:
         groups + [scalars] * bool(scalars), (weight_decay, 0.0, 0.0), (1.0, 1.0, scalar_lr_mult))],
         lr=learning_rate, betas=(beta1, beta2), fused=device_type == "cuda")
     if "sharded" in ckpt:   # a resume state's weights and (to resume) AdamW's state: each rank reads its pieces
-        load_resume(source, model, optimizer if resume else None, ckpt["param_groups"])
+        load_resume(ckpt["sharded"], model, optimizer if resume else None, ckpt["param_groups"])
     if wandb_log and master:   # WANDB_MODE=offline needs no account
         wandb.init(project=wandb_project, config=config, dir=out_dir, name=wandb_run_name or os.path.basename(out_dir))
 except ValueError as e:   # a UserError (exit status 2, or 1 where a write failed), or ModelConfig's

