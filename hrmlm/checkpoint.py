@@ -47,8 +47,7 @@ def write_failed(path, e):
     """A failed write (a full disk) as the run's last line, exit status 1, naming what is still intact."""
     e = next(iter(e.failures.values()), (e,))[0] if hasattr(e, "failures") else e   # dcp's: {rank: (error, tb)}
     why = e.strerror if isinstance(e, OSError) and e.strerror else f"{one_line(e)} (is the disk full?)"
-    return UserError(f"cannot save {path}: {why}; {intact(os.path.dirname(path.split(CKPT_LAST)[0]) or '.')}",
-                     IO_ERROR)
+    return UserError(f"cannot save {path}: {why}; {intact(run_of(path))}", IO_ERROR)
 
 
 def save_checkpoint(path, ckpt):
@@ -103,6 +102,11 @@ def read_info(path):
                       weights_only=True, mmap=True)
 
 
+def run_of(path):   # the out_dir a checkpoint is in: ckpt.pt's folder, or the one that holds its ckpt_last.dcp
+    parts = os.path.normpath(path).split(os.sep)
+    return os.sep.join(parts[:parts.index(CKPT_LAST)] if CKPT_LAST in parts else parts[:-1]) or "."
+
+
 def intact(out_dir, damaged=None):
     """What a run can still be resumed or sampled from, for an error line: 'intact: ckpt.pt (iter 200), ...'."""
     held = []
@@ -141,7 +145,7 @@ def load_checkpoint(path):
     if bad:
         raise UserError(f"{path} is damaged: {len(bad)} {'file' if sharded else 'tensor'}(s) missing or not as "
                         f"written (checksums: {', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
-                        f"{intact(os.path.dirname(os.path.normpath(path)).split(os.sep + CKPT_LAST)[0], path)}")
+                        f"{intact(run_of(path), path)}")
     return ckpt
 
 
