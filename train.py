@@ -326,10 +326,10 @@ while True:
     scaler.unscale_(optimizer)
     total_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip if clip > 0 else math.inf)
     total_norm = total_norm.full_tensor() if fsdp else total_norm   # FSDP: the norm over every rank's shards
-    summed = torch.stack([loss_sum, torch.tensor(float(bool(signals.received)), dtype=torch.float64, device=device)])
-    dist.all_reduce(summed) if ddp else None   # every rank's micro-batches' loss, and any rank's stop signal
-    train_loss, stop_vote, norm = torch.cat([summed / summed.new_tensor([gradient_accumulation_steps, 1]),   # the one
-                                             total_norm.double()[None]]).tolist()   # host sync: loss, stop, grad norm
+    summed = torch.stack([loss_sum, torch.full_like(loss_sum, float(bool(signals.received)))])   # a fill: no copy
+    dist.all_reduce(summed) if ddp else None   # from the host, no sync; every rank's loss and any rank's stop signal
+    train_loss, stop_vote, norm = torch.stack([summed[0] / gradient_accumulation_steps, summed[1],   # the one host
+                                               total_norm.double()]).tolist()   # sync: mean loss, stop vote, grad norm
     if math.isfinite(train_loss) and math.isfinite(norm):
         scaler.step(optimizer)
         grad_norm, bad_in_row = norm, 0
