@@ -1,7 +1,7 @@
 """
 Several processes (torchrun) for train.py: the process group, the micro-batches split over the ranks, the model
 built on each rank's device (whole, or FSDP2-sharded), DDP around it; and torch.compile per block-application unit
-(one process too). A single process without compile imports none of it.
+(one process too). One process on the CPU without compile imports none of it.
 """
 
 import datetime

@@ -85,5 +85,6 @@ def measure():
 
 if __name__ == "__main__":
     res = measure()
-    print(json.dumps(res, indent=1) if "--json" in sys.argv else "\n".join(
-        f"{k}: {r['lines']} lines in {r['files']} files (model.py {r['model.py']}): {r['per file']}" for k, r in res.items()))
+    lines = [f"{k}: {r['lines']} lines in {r['files']} files (model.py {r['model.py']}): {r['per file']}"
+             for k, r in res.items()]
+    print(json.dumps(res, indent=1) if "--json" in sys.argv else "\n".join(lines))
