@@ -41,9 +41,27 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from hrmlm import engine  # noqa: E402
 from hrmlm.common import (DTYPES, HelpFormatter, UserError, check_output_path, counted_train_flops,  # noqa: E402
-                          datasheet_tflops, measure_peak_tflops, precision_context, sync, timed, train_flops,
-                          usable_device)
+                          datasheet_tflops, measure_peak_tflops, precision_context, train_flops, usable_device)
 from model import ModelConfig, build_model  # noqa: E402
+
+
+def sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(device)   # this device's work: bench.py --device=cuda:1 times cuda:1
+
+
+def timed(fn, device, reps, warmup=None):
+    """Median wall time of fn() over reps runs, after one warm-up run (of warmup, else fn)."""
+    (warmup or fn)()
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
 
 V = 50257
 # the paper's Latency/GenSpeed rows (d=4096 unless noted)

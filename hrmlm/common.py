@@ -7,13 +7,12 @@ import functools
 import glob
 import json
 import os
-import statistics
 import sys
-import time
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
+from torch.utils.benchmark import Timer
 from torch.utils.flop_counter import FlopCounterMode
 
 from hrmlm.signals import UserError
@@ -99,24 +98,6 @@ def fmt_time(sec):
     return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.1f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
 
 
-def sync(device):
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize(device)   # this device's work: bench.py --device=cuda:1 times cuda:1
-
-
-def timed(fn, device, reps, warmup=None):
-    """Median wall time of fn() over reps runs, after one warm-up run (of warmup, else fn)."""
-    (warmup or fn)()
-    times = []
-    for _ in range(reps):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 @contextmanager
 def atomic_write(path, mode="w"):
     """Every file here is written whole or not at all: into path.tmp.<pid>, fsynced, then os.replace'd onto path;
@@ -182,15 +163,17 @@ def train_flops(cfg, batch, n):
 
 
 def measure_peak_tflops(device, dtype):
-    """The machine's matmul peak, measured now: the median of several n x n matmuls, at the best n. A GPU peaks
+    """The machine's matmul peak, measured now: n x n matmuls timed by torch's timer, at the best n. A GPU peaks
     on large ones (8192); a CPU core on ones that fit its cache (256 ran 2x faster than 1024 here), so on a CPU
     the best of 256, 512 and 1024 is the peak: against the largest alone, a small model's MFU exceeded 100%."""
     cuda = device.startswith("cuda")
 
-    def tflops(n):
-        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-        return 2 * n ** 3 / timed(lambda: a @ b, device, 10 if cuda else 5) / 1e12
-    return max(map(tflops, [8192] if cuda else [256, 512, 1024]))
+    def tflops(n):   # torch's timer: a warm-up, then the runs, on every thread of a CPU
+        timer = Timer("a @ b", globals={k: torch.randn(n, n, device=device, dtype=dtype) for k in "ab"},
+                      num_threads=torch.get_num_threads())
+        return 2 * n ** 3 / timer.timeit(10 if cuda else 5).median / 1e12
+    with torch.cuda.device(device) if cuda else nullcontext():   # the timer synchronises the current GPU
+        return max(map(tflops, [8192] if cuda else [256, 512, 1024]))
 
 
 def datasheet_tflops(device):
@@ -239,14 +222,16 @@ def meta_path(data_dir, dataset):
 
 
 def load_meta(data_dir, dataset):
-    """The dataset's meta.json as a dict (its tokenizer and vocabulary, without which ids cannot be read as text);
-    a missing one is a ValueError saying how to rebuild the dataset, an unreadable one an OSError or ValueError."""
-    path = meta_path(data_dir, dataset)
-    if not os.path.exists(path):
-        raise UserError(f"{path} not found: prepare.py writes it beside train.bin and val.bin (the tokenizer "
-                         f"and vocabulary); run `{rerun_command(dataset)}` to rebuild the dataset")
-    with open(path) as f:
-        return json.load(f)
+    """The dataset's meta.json as parsed (its tokenizer and vocabulary, without which ids cannot be read as text);
+    a UserError saying how to rebuild the dataset where it is missing or unreadable."""
+    path, rerun = meta_path(data_dir, dataset), rerun_command(dataset)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:   # missing, a folder, unreadable, not JSON
+        raise UserError(f"cannot read {path} ({type(e).__name__}); run `{rerun}` again" if os.path.exists(path) else
+                        f"{path} not found: prepare.py writes it beside train.bin and val.bin (the tokenizer and "
+                        f"vocabulary); run `{rerun}` to rebuild the dataset") from None
 
 
 def check_dataset(data_dir, dataset):
@@ -261,12 +246,7 @@ def check_dataset(data_dir, dataset):
             left = glob.glob(glob.escape(os.path.realpath(folder)) + ".old.*")   # see prepare.staged
             raise UserError(f"{path} not found; run `{rerun}` first" + (
                 f" (a prepare.py that was killed left the previous dataset in {left[0]})" if left else ""))
-    try:
-        meta = load_meta(data_dir, dataset)
-    except (OSError, ValueError) as e:  # a folder, unreadable, not JSON
-        if not os.path.exists(mpath):
-            raise   # load_meta's line: how to rebuild the dataset
-        raise UserError(f"cannot read {mpath} ({type(e).__name__}); run `{rerun}` again") from None
+    meta = load_meta(data_dir, dataset)   # a UserError: missing or unreadable
     if not isinstance(meta, dict):
         raise UserError(f"{mpath} is not a JSON object; run `{rerun}` again")
     if meta.get("tokenizer", "gpt2") not in TOKENIZERS:   # a meta.json without one is from GPT-2 days

@@ -38,7 +38,7 @@ def test_bench_times_and_measures_the_device_it_was_given(monkeypatch):
                "get_device_name"):
         result = "Some GPU" if fn == "get_device_name" else 0
         monkeypatch.setattr(torch.cuda, fn, lambda device=None, fn=fn, result=result: seen.append((fn, device)) or result)
-    common.sync("cuda:1")
+    bench.sync("cuda:1")
     bench.reset_peak("cuda:1")
     bench.peak_mb("cuda:1")
     bench.current_mb("cuda:1")

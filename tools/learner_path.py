@@ -2,7 +2,8 @@
 The learner's path, measured: the lines of project code a reader follows to see a tiny training run (train.py
 config/char_hrm.py: 4 iterations, 2 evaluations, a save) and one sampled text (sample.py). It records every project
 function that runs (sys.setprofile, threads too) and counts, per file, its module-level lines (outside any function
-body) plus the whole span of each function that ran (decorators and docstrings included); blank lines are free.
+body) plus the whole span of each function that ran (decorators and docstrings included; a decorated function's
+code object starts at its decorator, so it is looked up there too); blank lines are free.
 
     python tools/learner_path.py [--json]      # train: N lines in F files (model.py M), sample: ...
 """
@@ -47,7 +48,7 @@ def lines_run(seen):
         for node in ast.walk(ast.parse(src)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
-                spans[node.lineno] = (start, node.end_lineno)
+                spans[start] = spans[node.lineno] = (start, node.end_lineno)   # co_firstlineno: the decorator
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 inside.update(range(node.lineno + 1, node.end_lineno + 1))
         text = src.splitlines()
