@@ -35,7 +35,7 @@ import runner
 from arms import BEYOND as VARIANTS, BEYOND_OUT as OUT, SEEDS, beyond_command
 from hrmlm import engine, signals
 from hrmlm.checkpoint import read_info
-from hrmlm.common import UserError, timed
+from hrmlm.common import UserError
 from model import ModelConfig, build_model
 from report import header, mean_sd
 from runner import ROOT, finished, final_val
@@ -44,7 +44,7 @@ from runner import ROOT, finished, final_val
 def measure_worker(out_dir):
     """In a fresh process: one training iteration of the run's model (from its checkpoint's arguments, random
     weights: memory does not depend on them) at its batch shape; the peak it adds, as bench.py measures."""
-    from bench import current_mb, peak_mb, reset_peak   # the measuring process alone needs bench.py's meters
+    from bench import current_mb, peak_mb, reset_peak, timed   # bench.py's meters, for the measuring process alone
     torch.set_num_threads(1)
     ck = read_info(runner.resume_state(out_dir))
     cfg, args = ck["config"], ck["model_args"]
