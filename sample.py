@@ -3,6 +3,7 @@ Sample text from a checkpoint written by train.py.
 
     python sample.py --out_dir=out-shakespeare-hrm --start="ROMEO:" --max_new_tokens=100
     python sample.py --out_dir=out-shakespeare-hrm --temperature=0 --use_cache=False   # greedy, full recompute
+    python sample.py --out_dir=out-shakespeare-hrm --compile=True   # fixed-shape cache, compiled (CUDA graphs on a GPU)
 
 Decoding uses the per-application KV cache (engine.py, docs/MODEL.md section 5) unless --use_cache=False.
 """
@@ -19,7 +20,7 @@ import torch  # noqa: E402
 
 from configurator import configure  # noqa: E402
 from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from hrmlm.common import auto_dtype, get_codec, load_meta, precision_context, usable_device  # noqa: E402
+from hrmlm.common import DTYPES, auto_dtype, get_codec, load_meta, usable_device  # noqa: E402
 from hrmlm.engine import KV_POLICIES, cache_slots, stream  # noqa: E402
 from hrmlm.signals import SIGNALLED, UserError  # noqa: E402
 
@@ -36,6 +37,7 @@ device = "auto"              # "auto", "cpu", "cuda", ...
 dtype = "auto"               # "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16", "float16"
 use_cache = True             # cached decoding; False re-runs the whole context for every token
 kv = "full"                  # KV cache policy: full (exact); last, fired share slots and CHANGE the output (engine.py)
+compile = False              # torch.compile the forward, fixed-shape cache (mode reduce-overhead: CUDA graphs on GPU)
 # -----------------------------------------------------------------------------
 
 
@@ -51,12 +53,12 @@ def main():
     if kv not in KV_POLICIES or (kv != "full" and not use_cache):
         raise UserError(f"kv must be one of {', '.join(KV_POLICIES)}" + (", with use_cache=True" if kv in KV_POLICIES
                         else "") + f", got kv={kv!r}" + ("" if use_cache else " and use_cache=False"))
+    if compile and not use_cache:
+        raise UserError("compile=True decodes against the fixed-shape cache: leave use_cache=True")
     if num_samples < 1 or max_new_tokens < 0:
         raise UserError("num_samples must be >= 1 and max_new_tokens >= 0")
     dev = usable_device(device)
-    torch.backends.cuda.enable_cudnn_sdp(False)   # it builds a graph per new length, i.e. per token (docs/BENCHMARKS.md)
-    device_type = "cuda" if dev.startswith("cuda") else "cpu"
-    precision = auto_dtype(dtype, device_type)
+    precision = auto_dtype(dtype, "cuda" if dev.startswith("cuda") else "cpu")
     prompt = start
     if start.startswith("FILE:"):   # read the prompt before the (slower) checkpoint, so its errors come first
         try:
@@ -87,7 +89,9 @@ def main():
     encode, decode = get_codec(meta)   # UserError: the GPT-2 tokenizer's package is missing
     cache_slots(model, kv)   # UserError: a recurrence's policy asked of a Transformer
     del checkpoint
-    model.eval().to(dev)
+    model.eval().to(dev, DTYPES[precision])   # the weights in the run's dtype (bfloat16 on CUDA): half the bytes read
+    if compile:   # one graph per shape: the prompt's prefill, then every token's step (a graph break is an error)
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
     torch.manual_seed(seed)
 
     if meta.get("tokenizer") == "char" and set(prompt) - set(meta["chars"]):   # encode reads them as spaces
@@ -101,22 +105,21 @@ def main():
         ids = ids[-bs:]
     x = torch.tensor(ids, dtype=torch.long, device=dev)[None, ...]
     try:
-        with precision_context(device_type, precision):
-            for _ in range(num_samples):
-                t0, pending, t1 = time.time(), [], None
-                sys.stdout.write(decode(ids))
-                for t in stream(model, x, max_new_tokens, temperature, top_k or None, use_cache, kv):
-                    pending.append(t[0, 0].item())
-                    t1 = t1 or time.time()
-                    text = decode(pending)   # a token may end inside a character (BPE splits bytes): it decodes as
-                    if not text.endswith("\ufffd"):   # U+FFFD until the next token completes it, so it waits for them
-                        print(text, end="", flush=True)
-                        pending = []
-                print(decode(pending), flush=True)
-                n, t2 = max_new_tokens, time.time()   # the first token carries the prefill and a first call's warm-up
-                then = f"; after the first, {(n - 1) / max(t2 - t1, 1e-9):.1f} tok/s" if n > 1 else ""
-                print(f"--------------- ({n} tokens in {t2 - t0:.2f} s, {n / max(t2 - t0, 1e-9):.1f} tok/s{then}; "
-                      f"{f'cached, kv={kv}' if use_cache else 'full recompute'})", file=sys.stderr)
+        for _ in range(num_samples):
+            t0, pending, t1 = time.time(), [], None
+            sys.stdout.write(decode(ids))
+            for t in stream(model, x, max_new_tokens, temperature, top_k or None, use_cache, kv, static=compile):
+                pending.append(t[0, 0].item())
+                t1 = t1 or time.time()
+                text = decode(pending)   # a token may end inside a character (BPE splits bytes): it decodes as
+                if not text.endswith("\ufffd"):   # U+FFFD until the next token completes it, so it waits for them
+                    print(text, end="", flush=True)
+                    pending = []
+            print(decode(pending), flush=True)
+            n, t2 = max_new_tokens, time.time()   # the first token carries the prefill and a first call's warm-up
+            then = f"; after the first, {(n - 1) / max(t2 - t1, 1e-9):.1f} tok/s" if n > 1 else ""
+            print(f"--------------- ({n} tokens in {t2 - t0:.2f} s, {n / max(t2 - t0, 1e-9):.1f} tok/s{then}; "
+                  f"{f'cached, kv={kv}' if use_cache else 'full recompute'}{', compiled' * compile})", file=sys.stderr)
     except KeyboardInterrupt:   # what was printed stays printed
         print(flush=True)
         n = signals.received[0] if signals.received else signal.SIGINT

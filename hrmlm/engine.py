@@ -8,6 +8,7 @@ the full forward's.
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hrmlm.signals import UserError
 
@@ -19,6 +20,11 @@ KV_POLICIES = {
     "last": "HRM: 3 slots (input block, every Fast step, every Slow firing); UniTF: 1 slot (approximate)",
     "fired": "HRM: N + 2 slots (input block, the Fast steps of each Slow firing, every Slow firing) (approximate)",
 }
+
+
+# Every decoding forward here attends without cuDNN's kernel, scoped (nothing global changes): it builds a graph per
+# new sequence length, i.e. per decoded token (a 6.3x slower first pass on an H200, docs/BENCHMARKS.md)
+DECODE_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def applications(model):
@@ -133,7 +139,8 @@ def attend(k, v, pos, new_k, new_v):
 
 def token_by_token(model, idx, cache):
     """Logits (B, n, vocab) of idx fed one token at a time against an empty cache: what a sampler computes."""
-    return torch.cat([model(idx[:, t:t + 1], cache=cache, pos=t)[0] for t in range(idx.size(1))], dim=1)
+    with sdpa_kernel(DECODE_ATTENTION):
+        return torch.cat([model(idx[:, t:t + 1], cache=cache, pos=t)[0] for t in range(idx.size(1))], dim=1)
 
 
 def teacher_forced(model, idx, kv, targets=None):
@@ -188,7 +195,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=Tr
     for _ in range(max_new_tokens):
         if cache is None or pos + next_input.size(1) > cache.max_len:
             next_input, pos = idx[:, -bs:], 0   # no cache, or rebuild it: the whole cropped context from 0
-        logits, _ = model(next_input, cache=cache, pos=position(cache, pos, next_input.size(1)), last_only=True)
+        with sdpa_kernel(DECODE_ATTENTION):   # per forward: the caller runs between tokens with its own
+            logits, _ = model(next_input, cache=cache, pos=position(cache, pos, next_input.size(1)), last_only=True)
         pos += next_input.size(1)
         logits = logits[:, -1, :].float()
         if temperature == 0:

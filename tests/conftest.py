@@ -103,7 +103,6 @@ def in_process(script, *args):
     signals.received.clear()   # what an earlier script in this process received
     saved, argv, cwd, os_exit = {s: signal.getsignal(s) for s in STOP_SIGNALS}, sys.argv, os.getcwd(), os._exit
     hooks, threads, wakeup = (sys.excepthook, sys.unraisablehook), torch.get_num_threads(), signal.set_wakeup_fd(-1)
-    cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()   # sample.py turns cuDNN's attention off
     torch.set_num_threads(1)   # as ENV's OMP_NUM_THREADS=1 gives a subprocess: the same numbers
     sys.argv, out, err, code = [os.path.join(ROOT, script), *args], io.StringIO(), io.StringIO(), 0
     os.chdir(ROOT)
@@ -122,7 +121,6 @@ def in_process(script, *args):
         gc.collect()   # what the script held dies now (train.py's out_dir lock, kept by a SystemExit's frames)
         signal.set_wakeup_fd(wakeup)   # train.py's watcher thread of signals (StopSignals) hears no more
         torch.set_num_threads(threads)
-        torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
         os.chdir(cwd)
         for s, h in saved.items():
             signal.signal(s, h)

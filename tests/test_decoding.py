@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from hrmlm import engine
+from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
 from conftest import ENV, ROOT, V, char_tiny, error_in_process, in_process, make, one_error_line, run_script, run_train, tiny
 from model import build_model
 
@@ -402,17 +403,25 @@ def test_greedy_identical_with_and_without_cache(ckpt_dir):
     assert d.returncode == 0 and d.stdout == a.stdout, d.stderr
 
 
-def test_sample_decodes_without_cudnn_attention(ckpt_dir, monkeypatch):
-    """cuDNN's attention costs a graph build at each new length, i.e. at every decoded token (6x on an H200)."""
-    seen, real = [], engine.stream
+def test_decoding_attends_without_cudnn_and_changes_nothing_global(ckpt_dir, monkeypatch):
+    """cuDNN's attention costs a graph build at each new length, i.e. at every decoded token (6x on an H200): every
+    decoding forward of engine.py (sample.py's stream, teacher_forced's token by token) runs without it, scoped to
+    the forward, so the caller's setting is the same before, between tokens and after."""
+    model = model_from_checkpoint(load_checkpoint(os.path.join(ckpt_dir, "ckpt.pt"))).eval()
+    seen, real = [], model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+                        or real(*a, **k))
+    idx = torch.zeros(1, 3, dtype=torch.long)
+    between = [torch.backends.cuda.cudnn_sdp_enabled() for _ in engine.stream(model, idx, 3, temperature=0)]
+    engine.teacher_forced(model, idx, "full")
+    assert seen == [False] * 6 and between == [True] * 3 and torch.backends.cuda.cudnn_sdp_enabled()
 
-    def spy(*args, **kwargs):
-        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
-        yield from real(*args, **kwargs)
-    monkeypatch.setattr(engine, "stream", spy)
-    p = sample(f"--out_dir={ckpt_dir}", "--num_samples=2", "--max_new_tokens=3")
-    assert p.returncode == 0 and seen == [False, False], p.stderr
-    assert torch.backends.cuda.cudnn_sdp_enabled()   # in_process put the process's setting back
+
+@pytest.mark.slow   # a minute of compiling on 2 cores
+def test_sample_compiled_is_greedy_identical(ckpt_dir):
+    common = [f"--out_dir={ckpt_dir}", "--temperature=0", "--num_samples=2", "--max_new_tokens=24", "--start=ROMEO:"]
+    a, b = sample(*common), run_script("sample.py", *common, "--compile=True")
+    assert a.returncode == 0 and b.returncode == 0 and a.stdout == b.stdout and "compiled" in b.stderr, b.stderr
 
 
 def test_sampling_is_seeded(ckpt_dir):
@@ -439,6 +448,7 @@ def test_long_prompt_is_cropped_with_a_note(ckpt_dir, tmp_path):
     (["--tempreature=1"], "unknown config key 'tempreature'"),
     (["--kv=lst"], "kv must be one of full, last, fired, got kv='lst'"),
     (["--kv=last", "--use_cache=False"], "with use_cache=True, got kv='last' and use_cache=False"),
+    (["--compile=True", "--use_cache=False"], "compile=True decodes against the fixed-shape cache"),
 ])
 def test_sample_bad_input_is_one_line(ckpt_dir, args, msg):
     if args[0] in ("--out_dir=/nonexistent", "--tempreature=1"):   # the real entry point: exit status, no traceback
