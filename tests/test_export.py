@@ -2,7 +2,10 @@
 with the same logits as model.py for every architecture, greedy generate() giving sample.py's tokens, both
 tokenizers, the way back to a ckpt.pt with the same weights, and one line for each bad input."""
 
+import errno
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -174,3 +177,106 @@ def test_lm_eval_perplexity_agrees_with_analyze(hf, char_data, tmp_path):
     ce = json.load(open(tmp_path / "a.json"))["ce"]
     assert ce < math.log(len(CHARS)) - 0.5, ce   # the model learned something (else any agreement is trivial)
     assert abs(math.log(ppl) - ce) < 0.05, (math.log(ppl), ce)
+
+
+# --- the way back refuses a damaged or foreign folder, and a destination it cannot write, in one line ---------------
+
+@pytest.fixture(scope="module")
+def exported(hf, tmp_path_factory):
+    """{arch: an exported folder} for HRM and the Transformer, to copy and damage (never change them in place)."""
+    tmp = tmp_path_factory.mktemp("exported")
+    for arch in ("hrm", "transformer"):
+        p = run_script("tools/export_hf.py", f"--out_dir={make_run(tmp / arch, arch)}", f"--to={tmp / f'hf_{arch}'}")
+        assert p.returncode == 0, p.stderr
+    return {arch: tmp / f"hf_{arch}" for arch in ("hrm", "transformer")}
+
+
+def import_refused(hf_dir, to, code=2):
+    """--from_hf=hf_dir --to=to stopped with one line and wrote nothing: not `to`, not its temporary sibling."""
+    line = one_error_line(run_script("tools/export_hf.py", f"--from_hf={hf_dir}", f"--to={to}"), code, "export_hf.py")
+    assert not os.path.lexists(to) and not [f for f in os.listdir(os.path.dirname(to)) if f.startswith("back")]
+    return line
+
+
+def no_sum(b):   # hrmlm.json as an export from before the checksum wrote it
+    return json.dumps({k: v for k, v in json.loads(b).items() if k != "safetensors_sha256"}).encode()
+
+
+DAMAGE = {   # {file: its new bytes from the old ones, None: removed}, what the line says
+    "config_missing": ({"config.json": None}, "config.json: No such file or directory"),
+    "config_not_json": ({"config.json": lambda b: b[:20]}, "config.json: JSONDecodeError"),
+    "foreign_model_type": ({"config.json": lambda b: b'{"model_type": "gpt2", "n_embd": 768}'}, "model_type 'gpt2'"),
+    "n_embd_does_not_fit": ({"config.json": lambda b: b.replace(b'"n_embd": 16', b'"n_embd": 32')},
+                            "tensor 'z_H0' of shape [16], the model's is [32]"),
+    "weights_missing": ({"model.safetensors": None}, "model.safetensors: No such file or directory"),
+    "weights_truncated": ({"model.safetensors": lambda b: b[:len(b) // 2]}, "model.safetensors is damaged"),
+    "weights_byte_flipped": ({"model.safetensors": lambda b: b[:-9] + bytes([b[-9] ^ 1]) + b[-8:]},
+                             "model.safetensors is damaged"),
+    "weights_truncated_unverified": ({"model.safetensors": lambda b: b[:len(b) // 2], "hrmlm.json": no_sum},
+                                     "cannot read"),
+    "hrmlm_json_not_json": ({"hrmlm.json": lambda b: b[:20]}, "hrmlm.json: JSONDecodeError"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_folder_is_one_line_and_writes_nothing(exported, tmp_path, damage):
+    changes, says = DAMAGE[damage]
+    hf_dir = shutil.copytree(exported["hrm"], tmp_path / "hf")
+    for name, change in changes.items():
+        f = hf_dir / name
+        f.unlink() if change is None else f.write_bytes(change(f.read_bytes()))
+    line = import_refused(hf_dir, tmp_path / "back")
+    assert says in line, line
+
+
+def test_another_models_weights_are_refused_by_name(exported, tmp_path):
+    """The Transformer's model.safetensors (its checksum with it) in the HRM's folder: the first tensor it lacks."""
+    hf_dir = shutil.copytree(exported["hrm"], tmp_path / "hf")
+    for name in ("model.safetensors", "hrmlm.json"):
+        shutil.copy(exported["transformer"] / name, hf_dir)
+    line = import_refused(hf_dir, tmp_path / "back")
+    assert "does not fit config.json's model: tensor 'z_H0' missing" in line, line
+
+
+def test_folder_without_a_checksum_imports_with_a_note(exported, tmp_path):
+    """An export from before the checksum: imported, its weights as they are, and one line saying they are
+    unverified."""
+    hf_dir = shutil.copytree(exported["hrm"], tmp_path / "hf")
+    (hf_dir / "hrmlm.json").write_bytes(no_sum((hf_dir / "hrmlm.json").read_bytes()))
+    p = run_script("tools/export_hf.py", f"--from_hf={hf_dir}", f"--to={tmp_path / 'back'}")
+    assert p.returncode == 0 and not p.stderr, p.stderr
+    assert [line for line in p.stdout.splitlines() if line.startswith("note:")] == \
+        [f"note: {hf_dir}/hrmlm.json holds no checksum of model.safetensors (an older export): its weights are "
+         f"unverified"], p.stdout
+    assert load_checkpoint(str(tmp_path / "back" / "ckpt.pt"))["model_args"]["arch"] == "hrm"
+
+
+@pytest.mark.parametrize("dest", ["exists", "under_a_file", "read_only", "empty"])
+def test_bad_destination_is_one_line_before_any_work(hf, tmp_path, dest):
+    """Said before the folder is read (here there is none: its line would come first) and nothing is written."""
+    if dest == "read_only" and os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "ro").mkdir(mode=0o555)
+    to, says = {"exists": (tmp_path / "existing", "already exists"), "empty": ("", "--to is empty"),
+                "under_a_file": (tmp_path / "file" / "out", "a file, not a folder"),
+                "read_only": (tmp_path / "ro" / "out", "not writable")}[dest]
+    p = run_script("tools/export_hf.py", f"--from_hf={tmp_path / 'no_folder'}", f"--to={to}")
+    assert says in one_error_line(p, prog="export_hf.py")
+    assert sorted(os.listdir(tmp_path)) == ["existing", "file", "ro"] and not os.listdir(tmp_path / "existing")
+    assert not os.listdir(tmp_path / "ro") and (tmp_path / "file").read_text() == "x"
+
+
+@pytest.mark.parametrize("fault, code", [(OSError(errno.ENOSPC, "No space left on device"), 1),
+                                         (KeyboardInterrupt(), 130)])
+def test_failed_write_is_one_line_and_leaves_nothing(exported, tmp_path, monkeypatch, fault, code):
+    """A full disk (exit status 1, naming no other script) or a signal (128 + SIGINT) while ckpt.pt is written: the
+    temporary folder goes."""
+    def faulty_save(obj, f, *a, **k):
+        open(f, "wb").write(b"part of a checkpoint")
+        raise fault
+    monkeypatch.setattr(torch, "save", faulty_save)   # run_script runs the script in this process
+    line = import_refused(exported["hrm"], tmp_path / "back", code)
+    assert line == (f"export_hf.py: error: cannot write {tmp_path / 'back'}: No space left on device; nothing was "
+                    f"written" if code == 1 else "export_hf.py: error: interrupted by SIGINT"), line

