@@ -76,13 +76,9 @@ def main():
     checkpoint = load_checkpoint(path)   # one line for a truncated, damaged, unsafe or foreign file
     model = model_from_checkpoint(checkpoint, path)   # and for non-finite weights
     # the tokenizer the model was trained with: the copy of meta.json in the checkpoint (older checkpoints: the
-    # dataset's meta.json; without either, decoding through a guess would print garbage)
-    train_config = checkpoint.get("config") or {}
-    try:
-        meta = checkpoint.get("meta") or load_meta(train_config.get("data_dir", "data"),
-                                                   train_config.get("dataset", "shakespeare"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path} carries no tokenizer (meta.json) and its dataset's cannot be read: {e}") from None
+    # dataset's, where load_meta says how to rebuild it if it cannot be read; decoding through a guess prints garbage)
+    run = checkpoint.get("config") or {}
+    meta = checkpoint.get("meta") or load_meta(run.get("data_dir", "data"), run.get("dataset", "shakespeare"))
     if meta.get("vocab_size", model.config.vocab_size) != model.config.vocab_size:
         raise UserError(f"the model has vocab_size={model.config.vocab_size} but its dataset's meta.json says "
                         f"{meta['vocab_size']}")
