@@ -1,30 +1,19 @@
 """
-Is HRM's recurrence alive in the runs we compare? (docs/RESULTS.md section 10.) At the learning rates that tune best on
-the character testbed, AdamW moves a scalar up to ~lr a step, and HRM's learned injection scales alpha_L, alpha_H
-(initialised at 0.1) can collapse to ~0: the shared blocks then add nothing and the model is its input block and
-output fusion. This study measures it and tries remedies (off by default; the paper's setting stays train.py's), at
-section 9's headline arms and schedule (equalparam.py: post-norm, 2000 iterations of 8 x 128 characters, K = 2).
+Is HRM's recurrence alive in the runs we compare? (docs/RESULTS.md section 10.) At the learning rates that tune best,
+AdamW moves a scalar up to ~lr a step, and HRM's injection scales alpha_L, alpha_H (initialised at 0.1) can collapse
+to ~0: the model is then its input block and output fusion. This study measures it and tries remedies (off by
+default), at section 9's arms and schedule (equalparam.py: post-norm, 2000 iterations of 8 x 128 characters, K = 2).
 
     python experiments/alive.py               # the runs still missing, their readings, then the tables
     python experiments/alive.py --dry-run     # the train.py commands still to run (at this phase); run nothing
     python experiments/alive.py --tables      # tables only, from the committed logs (experiments/logs/alive/, equalparam/)
 
-Remedies: paper (alpha learned at the global lr, section 9's runs); fixed (alpha_L and alpha_H held at 0.1,
---learn_alpha=False); mult0.1 and mult0.01 (alpha_L, alpha_H and tau at 0.1x or 0.01x the lr, --scalar_lr_mult).
-Phases (hyperparameters are chosen on seeds 7 and 8, which no test uses):
-  A. selection, seed 7: every remedy at a quarter and an eighth of each HRM arm's centre lr (equalparam.py's), grown a
-     factor 2 at a time where a remedy's best alive run is at an edge, and downward while none is alive; the
-     Transformers at their centre, half and double. NT=8 at d=128 first.
-  B. the best and the runner-up (remedy, lr) with seed 8 too; the chosen one is the lower 2-seed mean. For HRM only
-     alive runs compete: both blocks off must cost >= ALIVE nats at seed 7.
-  C. the test: each arm's choice at seeds 1337, 42, 2024 (paired by seed with the Transformer of its width).
-  W. the width control: HRM NT=8 at d=128 at d=256's lr (1.25e-3), the paper's setting, the test seeds.
-  BPE: the BPE testbed's post-norm HRM and Transformer at their best 400-iteration lr for 2000 iterations.
-  R, S: section 9's HRM, and sections 2-7's (the sweep's, its controls, the BPE sweep's, the K ablation's, the long
-     run's, beyond_paper.py's), trained again for the checkpoints their committed logs lack.
-Readings (alive.json beside each finished HRM run's log): alpha_L, alpha_H, val CE, and the CE cost of the Fast block
-off, the Slow block off, both off (analyze.py's alive readings), of z_H frozen, val CE at 0.5x-4x the trained depth;
-for test-seed runs also token-by-token decoding's CE under each KV cache policy (full, last, fired).
+Remedies: paper (section 9's runs), fixed (--learn_alpha=False), mult0.1 and mult0.01 (--scalar_lr_mult). Phases,
+chosen on seeds 7 and 8, which no test uses (only alive runs compete): A. selection at seed 7, each grid grown where
+its best alive run is at an edge; B. the best two (remedy, lr) at seed 8 too, the lower 2-seed mean chosen; C. the
+choice at the test seeds; W. the width control; BPE: the BPE testbed's post-norm HRM and Transformer for 2000
+iterations; R, S: section 9's and sections 2-7's HRM trained again for their checkpoints. Readings: alive.json
+beside each finished HRM run's log (reading()).
 """
 
 import os
@@ -34,7 +23,7 @@ import report
 import runner
 from arms import SEEDS, by_seed, command, lr_of, lr_text
 from hrmlm import signals
-from report import header
+from report import heading
 from tools import analyze
 
 OUT = "out-alive"
@@ -274,10 +263,9 @@ def alive_cells(dirs):
 def selection_table():
     if not any(tried(arm) for arm in HRM_ARMS + TF_ARMS):
         return
-    print(f"### Alive HRM: selection on seeds {SELECT[0]} and {SELECT[1]} (no test uses them), {arms.EP_ITERS} "
-          f"iterations (* = the arm's choice)\n")
-    print(LEGEND)
-    header("arm", "remedy", "lr", f"val CE, seed {SELECT[0]}", f"seed {SELECT[1]}", *COLS)
+    heading(f"Alive HRM: selection on seeds {SELECT[0]} and {SELECT[1]} (no test uses them), {arms.EP_ITERS} "
+            "iterations (* = the arm's choice)", "arm", "remedy", "lr", f"val CE, seed {SELECT[0]}",
+            f"seed {SELECT[1]}", *COLS, note=LEGEND)
     for arm in HRM_ARMS + TF_ARMS:
         for r, k in sorted(tried(arm), key=lambda rk: (list(REMEDIES).index(rk[0]), rk[1])):
             d, d8 = job(arm, r, k, SELECT[0])[0], job(arm, r, k, SELECT[1])[0]
@@ -316,9 +304,8 @@ def test_table():
     rows = [(a, b, q) for a, b, q in rows if a in table and b in table and b not in same]
     if not table:
         return
-    print(f"### Alive HRM at the test seeds ({', '.join(map(str, SEEDS))}): each arm's choice, {arms.EP_ITERS} "
-          "iterations\n")
-    header("row", "remedy, lr", "seeds", "val CE (mean ± sd)", *COLS)
+    heading(f"Alive HRM at the test seeds ({', '.join(map(str, SEEDS))}): each arm's choice, {arms.EP_ITERS} "
+            "iterations", "row", "remedy, lr", "seeds", "val CE (mean ± sd)", *COLS)
     for name, vals in table.items():
         arm = name.split()[0]
         c = chosen(arm) if name in HRM_ARMS + TF_ARMS else ("paper", WIDTH[1]) if "1.25e-3" in name else \
@@ -332,9 +319,8 @@ def test_table():
               f"{cells} |")
     print()
     if rows:
-        print("### Alive HRM at the test seeds: differences (row minus column, paired by seed; 95% intervals; "
-              "negative = row better)\n")
-        header("row", "column", "question", "diff [95% CI], p", "verdict")
+        heading("Alive HRM at the test seeds: differences (row minus column, paired by seed; 95% intervals; "
+                "negative = row better)", "row", "column", "question", "diff [95% CI], p", "verdict")
         for a, b, q in rows:
             d = report.paired(table[a], table[b])
             print(f"| {a} | {b} | {q} | {d or '-'} | {report.verdict(d)} |")
@@ -347,20 +333,20 @@ def reruns_tables():
     got += [(arms.CONTROL[0], s, rerun, arms.control_job(s)[0]) for s, (rerun, _) in zip(SEEDS, phase_warm())]
     got = [g for g in got if runner.finished(g[2])]
     if got:
-        print("### Section 9's HRM, trained again for its checkpoints: is its recurrence alive?\n")
-        print("The same command as the committed run (this machine's float32 may differ from the one that made it in "
-              "the last digits, which post-norm HRM at lr 1e-2 amplifies).\n")
-        header("arm", "seed", "val CE, committed", "val CE, rerun", *COLS)
+        heading("Section 9's HRM, trained again for its checkpoints: is its recurrence alive?", "arm", "seed",
+                "val CE, committed", "val CE, rerun", *COLS, note="The same command as the committed run (this "
+                "machine's float32 may differ from the one that made it in the last digits, which post-norm HRM at "
+                "lr 1e-2 amplifies).\n")
         for arm, s, rerun, d in got:
             print(f"| {arm} | {s} | {report.cell(d)} | {report.cell(rerun)} | {alive_cells([rerun])} |")
         print()
     got = [g for g in earlier() if runner.finished(g[5][0])]
     if got:
-        print("### Sections 2-7's HRM, trained again for its checkpoints: is its recurrence alive?\n")
-        print("Sections 2-5: the character sweep (400 iterations at the best lr); 3: its HRM controls (the same); 4: the "
-              "BPE sweep (400 iterations); 5: the K ablation (the same, K = 1 and 4); 6: the long run (4000 iterations); "
-              "7: beyond the paper (N=4, T=2, 300 iterations).\n")
-        header("section", "variant", "lr", "seed", "val CE, committed", "val CE, rerun", *COLS)
+        heading("Sections 2-7's HRM, trained again for its checkpoints: is its recurrence alive?", "section",
+                "variant", "lr", "seed", "val CE, committed", "val CE, rerun", *COLS, note="Sections 2-5: the "
+                "character sweep (400 iterations at the best lr); 3: its HRM controls (the same); 4: the BPE sweep "
+                "(400 iterations); 5: the K ablation (the same, K = 1 and 4); 6: the long run (4000 iterations); 7: "
+                "beyond the paper (N=4, T=2, 300 iterations).\n")
         for sec, v, lr, s, d, (rerun, _) in got:
             print(f"| {sec} | {v} | {lr_text(lr)} | {s} | {report.cell(d)} | {report.cell(rerun)} | "
                   f"{alive_cells([rerun])} |")
@@ -375,10 +361,10 @@ def readings_table():
     groups = [(n, rs) for n, rs in ((n, [r for r in map(reading, ds) if r]) for n, ds in groups) if rs]
     if not groups:
         return
-    print("### Alive HRM at the test seeds: depth at inference and KV cache policies (mean ± sd over the seeds read)\n")
-    print("Depth: val CE with N' = f N Slow firings (T kept). KV: token-by-token decoding's val CE under each policy "
-          "minus the exact cache's (docs/MODEL.md section 5).\n")
-    header("row", "seeds", *[f"N' {f:g}x" for f in report.DEPTHS], "KV last - full", "KV fired - full")
+    heading("Alive HRM at the test seeds: depth at inference and KV cache policies (mean ± sd over the seeds read)",
+            "row", "seeds", *[f"N' {f:g}x" for f in report.DEPTHS], "KV last - full", "KV fired - full",
+            note="Depth: val CE with N' = f N Slow firings (T kept). KV: token-by-token decoding's val CE under each "
+            "policy minus the exact cache's (docs/MODEL.md section 5).\n")
     for name, rs in groups:
         depth = [ms([[x["ce"] for x in r["depth"] if x["varied"] == "N"][i] for r in rs])
                  for i in range(len(report.DEPTHS))]
@@ -394,9 +380,9 @@ def bpe_table():
         return
     uni = report.unigrams()["bpe"]
     its = (400, 1000, 2000)
-    print(f"### BPE testbed, post-norm, {BPE_ITERS} iterations at the best 400-iteration lr (the Transformer also at "
-          f"1e-3), seed {SEEDS[0]} (unigram line {uni:.3f})\n")
-    header("variant", "lr", *[f"val CE at {i}" for i in its], "below unigram at the end", *COLS)
+    heading(f"BPE testbed, post-norm, {BPE_ITERS} iterations at the best 400-iteration lr (the Transformer also at "
+            f"1e-3), seed {SEEDS[0]} (unigram line {uni:.3f})", "variant", "lr", *[f"val CE at {i}" for i in its],
+            "below unigram at the end", *COLS)
     for v, lr, d in done:
         log = {r["iter"]: r for r in runner.run_log(d) if "val_loss" in r}
         cells = " | ".join(f"{log[i]['val_loss']:.3f}" if i in log else "-" for i in its)

@@ -1,23 +1,14 @@
 """
 Beyond the paper (docs/RESULTS.md section 7): the paper's own future work for its "gradient coverage bottleneck" and
-its KV cache, run on the character testbed at matched budget; the table and plot from the committed logs
-(experiments/logs/beyond/: each finished run's log.jsonl, run.json and measure.json).
+its KV cache (arms.BEYOND; docs/MODEL.md section 8), run on the character testbed at matched budget. Every run is
+config/char_hrm.py with N=4, T=2 (M = 8: 4 Slow firings for hierarchical BPTT to chain over) for 300 iterations, seeds
+1337, 42, 2024; full-ckpt has full's gradients (tested), so one seed shows its time and memory.
 
     python experiments/beyond_paper.py              # all runs (19 x 300 iterations; ~40 min on 2 cores), then the table
     python experiments/beyond_paper.py --dry-run    # list the train.py commands still to run; run nothing
     python experiments/beyond_paper.py --tables     # the table and plot only, from the committed logs alone
 
-Every run is config/char_hrm.py (d=128, lr 3e-3, batch 8 x 128 characters) for 300 iterations with N=4, T=2: M = 8
-instead of the config's 4, so that a pass has 4 Slow firings for hierarchical BPTT to chain over; seeds 1337, 42,
-2024. The variants (model.py options, docs/MODEL.md section 8; arms.BEYOND): paper-K2, the last K = 2 of M = 8 steps
-carry gradient; full, full BPTT (K = M = 8); full-ckpt, the same with grad_ckpt (the same gradients, flat memory; one
-seed, for its time and memory); kslow4, K = 2 and K_slow = 4: gradient along the z_H chain over all 4 Slow firings;
-hybrid4, the Fast module attends only on the 4 Slow-firing steps (KV cache: 1+8+4 -> 1+4+4 applications); rnn, no
-Fast step attends (the paper's RNN-style variant); chunked4, chunked BPTT with C = 4: S = 2 passes of N = 2, T = 2
-with K = 4, a loss per chunk (train.py backpropagates them together: chunking changes the objective, not the memory).
-Clipping follows train.py (grad_clip * K / M of a pass). "iter MB": what one training iteration adds to the peak
-resident memory of a fresh process (bench.py's method), measured once per variant; "ms/iter": the median of the runs'
-(two runs share the 2 cores, one thread each); "KV cache": block_size = 128 positions, float32.
+"iter MB" and "KV cache MB" are measured once per run in a fresh process (measure.json beside its log).
 """
 
 import argparse
@@ -37,7 +28,7 @@ from hrmlm import engine, signals
 from hrmlm.checkpoint import read_info
 from hrmlm.common import UserError
 from model import ModelConfig, build_model
-from report import header, mean_sd
+from report import heading, mean_sd
 from runner import ROOT, finished, final_val
 
 
@@ -83,35 +74,32 @@ def measured(out_dir):
 
 
 def tables(args):
-    print(f"### Beyond the paper: character testbed, HRM N=4, T=2 (M=8), d=128, {args.max_iters} iterations, lr 3e-3, "
-          f"seeds {', '.join(map(str, args.seeds))}\n")
-    header("variant", "what", "val CE (mean ± sd)", "vs paper K=2 (paired by seed: 95% interval, p)", "MFLOPs/token",
-           "iter MB", "ms/iter", "KV cache MB", "params")
+    heading(f"Beyond the paper: character testbed, HRM N=4, T=2 (M=8), d=128, {args.max_iters} iterations, lr 3e-3, "
+            f"seeds {', '.join(map(str, args.seeds))}", "variant", "what", "val CE (mean ± sd)",
+            "vs paper K=2 (paired by seed: 95% interval, p)", "MFLOPs/token", "iter MB", "ms/iter", "KV cache MB",
+            "params")
     rows, by_seed = {}, {}
     for v in args.variants:
         dirs = [beyond_command(v, s, args.out)[0] for s in args.seeds]
         m, sd, n = mean_sd([final_val(d) for d in dirs])
         by_seed[v] = {s: final_val(d) for s, d in zip(args.seeds, dirs) if math.isfinite(final_val(d))}
         meas = next((r for r in (measured(d) for d in dirs if finished(d)) if r), None)
-        ms = [f["ms_per_iter_median"] for f in map(runner.facts, dirs) if f and f.get("ms_per_iter_median")]
+        fs = [f for f in map(runner.facts, dirs) if f]
+        ms = [f["ms_per_iter_median"] for f in fs if f.get("ms_per_iter_median")]
+        fl = next((f["train_flops_per_token"] for f in fs if "train_flops_per_token" in f), None)
         rows[v] = (m, sd, n, meas)
         base = rows.get("paper-K2", (math.inf,))[0]
         ce = "-" if n == 0 else f"{m:.3f} ± {sd:.3f} (n={n})"
-        diff = f"{m - base:+.3f}" if n and math.isfinite(base) and v != "paper-K2" else "-"
         d = report.paired(by_seed[v], by_seed.get("paper-K2", {})) if v != "paper-K2" else None
-        if d:   # one seed (full-ckpt): the difference alone
-            diff = str(d)
-        fl = next((f["train_flops_per_token"] for f in map(runner.facts, dirs) if f and "train_flops_per_token" in f), None)
+        # one seed (full-ckpt): the difference alone
+        diff = str(d) if d else f"{m - base:+.3f}" if n and math.isfinite(base) and v != "paper-K2" else "-"
         print(f"| {v} | {VARIANTS[v][1]} | {ce} | {diff} | {f'{fl / 1e6:.1f}' if fl else '-'} | " +
               (f"{meas['iter_mb']:.1f} | " if meas else "- | ") + (f"{statistics.median(ms):.0f} | " if ms else "- | ") +
               (f"{meas['kv_cache_mb']:.2f} | {meas['params'] / 1e6:.3f}M |" if meas else "- | - |"))
     print("\niter MB: peak memory one training iteration adds (fresh process, batch 8 x 128); ms/iter: median of "
           "the runs' median logged values, two runs sharing 2 cores; KV cache: 128 positions, float32, batch 1.\n")
     missing = [v for v in args.variants if not any(finished(beyond_command(v, s, args.out)[0]) for s in args.seeds)]
-    if missing:   # never overwrite the committed plot with a partial one
-        print(f"beyond_paper.py: not drawing docs/beyond_paper.png: no committed run of {', '.join(missing)}; "
-              f"the committed plot is kept", file=sys.stderr)
-    else:
+    if report.drawable("beyond_paper.png", missing, "no committed run of"):
         draw(args, rows)
 
 

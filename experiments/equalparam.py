@@ -1,26 +1,20 @@
 """
 EqualParam in miniature at the paper's headline settings (docs/RESULTS.md section 9): does HRM's lead over a
 Transformer of equal stored parameters appear at NT = 8 and 12, where the paper's is largest, and does it depend on
-M or on width? Post-norm, the character testbed, 2000 iterations of 8 x 128 characters.
+M or on width? Post-norm, the character testbed, 2000 iterations of 8 x 128 characters; the arms are arms.ARMS.
 
     python experiments/equalparam.py             # the runs and checkpoint readings still missing, then the tables
     python experiments/equalparam.py --dry-run   # the train.py commands still to run (at this phase); run nothing
     python experiments/equalparam.py --tables    # tables only, from the committed logs (experiments/logs/equalparam/)
 
-Arms (arms.ARMS; K = 2, clipping at grad_clip * K / M): at d=128 (about 1.0M parameters) Transformer L=4 and HRM
-NT=4, 8, 12; at d=256 (about 4M) Transformer L=4 and HRM NT=8; at d=64 and d=32 Transformer L=4, the flat curve's
-lower points. Heads 32 wide; warmup 200 iterations, cosine to lr/10, an evaluation every 100.
-Phases: A. seed 1337 at 3 lrs a factor 2 apart, centred on the sweep's 400-iteration best (half of it at d=256),
-grown until each arm's best is bracketed; B. the best with seeds 42 and 2024; C. the runner-up too where its seed-1337
-CE is within one seed sd of the best's, the chosen lr then the lower 3-seed mean (until then the best, provisional);
-D. a control for NT=12: the paper's HRM warmup rule scaled to 2000 iterations (240), at NT=12's chosen lr.
-Readings: the H-frozen cost and depth at inference (report.analysis) of each finished HRM run, a chosen run whose
-reading is missing trained again for its checkpoint.
+Phases: A. seed 1337 at 3 lrs a factor 2 apart around each arm's centre, grown until its best is bracketed; B. the best
+with seeds 42 and 2024; C. the runner-up too where its seed-1337 CE is within one seed sd, the lower 3-seed mean then
+chosen (until then the best, provisional); D. NT=12 with the paper's warmup rule (240) at its chosen lr. Each
+finished HRM run is read (report.analysis), a chosen run whose reading is missing trained again for its checkpoint.
 """
 
 import math
 import os
-import sys
 
 import torch
 
@@ -30,7 +24,7 @@ from arms import ARMS, CONTROL, EP_REACH, SEEDS, best_k, bracketed, by_seed, cho
 from arms import EP_ITERS as ITERS, arm_job as job, arm_tried as tried, runner_up, shown_k
 from hrmlm import signals
 from model import ModelConfig, build_model
-from report import header, mean_sd
+from report import heading, mean_sd
 
 MCHARS = 8 * 128 / 1e6             # millions of characters an iteration reads
 # (row, column, what the difference asks); negative = row better. Rows and columns share seeds: paired tests.
@@ -118,9 +112,8 @@ def size_cells(arm):
 
 
 def lr_table():
-    print(f"### Headline settings: validation CE after {ITERS} iterations, seed 1337, by learning rate "
-          "(a factor 2 apart; * = the best)\n")
-    header("arm", "params", "ms/iter (1 thread)", "learning rate: CE", "chosen lr (3 seeds)")
+    heading(f"Headline settings: validation CE after {ITERS} iterations, seed 1337, by learning rate (a factor 2 "
+            "apart; * = the best)", "arm", "params", "ms/iter (1 thread)", "learning rate: CE", "chosen lr (3 seeds)")
     for a in ARMS:
         ks = tried(a)
         if not ks:
@@ -135,9 +128,8 @@ def lr_table():
 
 
 def seeds_table(table, uni):
-    print(f"### Headline settings: each arm at its chosen lr, 3 seeds, after {ITERS} iterations "
-          f"({ITERS * MCHARS:.2f}M characters)\n")
-    header("arm", *[f"seed {s}" for s in SEEDS], "mean ± sd", "below unigram")
+    heading(f"Headline settings: each arm at its chosen lr, 3 seeds, after {ITERS} iterations ({ITERS * MCHARS:.2f}M "
+            "characters)", "arm", *[f"seed {s}" for s in SEEDS], "mean ± sd", "below unigram")
     for name, vals in [(name, vals) for name, vals in table.items() if vals]:
         m, sd, n = mean_sd(list(vals.values()))
         print(f"| {label(name)} | " + " | ".join(report.fmt(vals[s]) if s in vals else "-" for s in SEEDS) +
@@ -146,9 +138,9 @@ def seeds_table(table, uni):
 
 
 def differences(table):
-    print("### Headline settings: differences (row minus column; negative = row better; paired by seed, "
-          "with Welch's test beside it; 95% intervals)\n")
-    header("row", "column", "question", "paired: diff [95% CI], p", "Welch: diff [95% CI], p", "verdict")
+    heading("Headline settings: differences (row minus column; negative = row better; paired by seed, with Welch's "
+            "test beside it; 95% intervals)", "row", "column", "question", "paired: diff [95% CI], p",
+            "Welch: diff [95% CI], p", "verdict")
     for a, b, what in COMPARISONS:
         if a in table and b in table:
             p = report.paired(table[a], table[b])
@@ -192,13 +184,13 @@ def flat_size_table(table):
     if not all(a in table for a in FLAT):
         return
     size = {a: runner.facts(chosen_dirs(a)[0])["params"] for a in FLAT}
-    print("### Headline settings: the flat size each HRM matches (P_flat), at equal tokens\n")
-    print("P_flat: the stored parameters at which the Transformer L=4 (d=32 to 256, one curve per seed, linear in ln P "
-          "between widths, its end segments extended beyond them) reaches the arm's CE. Extrapolated: the seeds whose "
-          "CE lies outside the curve's measured range (above d=32's or below d=256's), where P_flat is the end "
-          "segment's extension. Interval: the t interval of the seeds' mean ln P_flat. Once: the stored parameters "
-          "HRM runs once (embedding, input block, fusion).\n")
-    header("arm", "params: once + Fast x M + Slow x N", "P_flat [95% CI]", "P_flat / P", "extrapolated", "seeds")
+    heading("Headline settings: the flat size each HRM matches (P_flat), at equal tokens", "arm",
+            "params: once + Fast x M + Slow x N", "P_flat [95% CI]", "P_flat / P", "extrapolated", "seeds",
+            note="P_flat: the stored parameters at which the Transformer L=4 (d=32 to 256, one curve per seed, linear "
+            "in ln P between widths, its end segments extended beyond them) reaches the arm's CE. Extrapolated: the "
+            "seeds whose CE lies outside the curve's measured range (above d=32's or below d=256's), where P_flat is "
+            "the end segment's extension. Interval: the t interval of the seeds' mean ln P_flat. Once: the stored "
+            "parameters HRM runs once (embedding, input block, fusion).\n")
     for arm in [a for a in LOOPED if a in table]:
         seeds = [s for s in SEEDS if s in table[arm] and all(s in table[a] for a in FLAT)]
         if len(seeds) < 2:
@@ -265,10 +257,8 @@ def tables():
     print(f"{len(done)} runs committed ({report.hours(done):.1f} hours of training in all, one core each; their logs' "
           f"time_s); {len(all_jobs()) - len(done)} known still to run at this phase\n")
     missing = [a for a in ARMS if len(table.get(a, {})) < len(SEEDS)]   # a provisional arm is drawn, so labelled
-    if missing and done:   # never overwrite the committed plot with a partial one
-        print(f"equalparam.py: not drawing docs/equalparam.png: no 3 committed seeds at a chosen (or provisional) lr for "
-              f"{', '.join(missing)}; the committed plot is kept", file=sys.stderr)
-    elif not missing:
+    if (done or not missing) and report.drawable("equalparam.png", missing, "no 3 committed seeds at a chosen (or "
+                                                 "provisional) lr for"):
         draw(table)
 
 

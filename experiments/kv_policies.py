@@ -1,21 +1,13 @@
 """
-KV cache policies measured (docs/MODEL.md section 5): what sharing cache slots across a recurrence's steps costs in
-quality, against what it saves in memory, on the character testbed's trained models: HRM post- and pre-norm, UniTF
-post-norm and with full backprop at their chosen lrs after 400 iterations (sweep.py) and 4000 (long_run.py), UniTF
-pre-norm after 400, 3 seeds each. Each policy (HRM: full, last, fired; UniTF: full, last) is read with analyze.py's
-kv_table on 64 validation sequences of 128 characters: decoding's val CE token by token, greedy agreement with exact
-decoding over 200 tokens, KV bytes per token. Where a policy loses quality (UniTF under `last`), Huginn's remedy:
-UniTF trained anew through that cache (train.py --train_kv=last; 400 iterations, the same lr and seeds, and 3x and
-10x the lr on one seed), decoded under `last` and paired with the standard runs' exact decoding.
+KV cache policies measured (docs/MODEL.md section 5; docs/RESULTS.md section 8): what sharing cache slots across a
+recurrence's steps costs in quality against what it saves in memory, on the character testbed's trained models
+(VARIANTS, at their chosen lrs after 400 and 4000 iterations, 3 seeds), read with analyze.py's kv_table. Where a policy
+loses quality (UniTF under `last`), Huginn's remedy: UniTF trained through that cache (train.py --train_kv=last).
 
     python experiments/kv_policies.py            # rerun the runs whose readings (kv.json) are missing, read them
     python experiments/kv_policies.py --dry-run  # list the train.py commands it would rerun; run nothing
     python experiments/kv_policies.py --tables   # the table only, from the committed readings
     python experiments/kv_policies.py --speed    # time each variant's cached decoding alone; its tok/s go to the table
-
-The table's cached tok/s come from --speed, not the readings (timed beside other runs): every variant and policy in
-one process, one thread, in turns (drift hits each alike), tokens that fit the block only (past it each token is a
-full forward), with fresh weights of the runs' shape (a step's work does not depend on them).
 """
 
 import json

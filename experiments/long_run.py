@@ -1,22 +1,17 @@
 """
-The long run (docs/RESULTS.md): does the character testbed's ordering hold with 10x the training? Every run
-of experiments/sweep.py stops at 400 iterations (410k characters) with its curve still falling; these run 4000
-iterations of the same 8 x 128 batches (4.1M characters) for the six main variants: HRM post- and pre-norm,
-the Transformer post- and pre-norm, UniTF post-norm and UniTF with full backprop.
+The long run (docs/RESULTS.md section 6): does the character testbed's ordering hold with 10x the training? sweep.py's
+runs stop at 400 iterations with their curves still falling; these run 4000 iterations of the same 8 x 128 batches
+for six variants (VARIANTS), the sweep's schedule scaled (400 warmup iterations, an evaluation every 200).
 
     python experiments/long_run.py              # the runs and readings still missing, then the tables
     python experiments/long_run.py --dry-run    # list the train.py commands still to run; run nothing
     python experiments/long_run.py --tables     # tables and plot only, from the committed logs (experiments/logs/long/)
 
-Phase A: each variant at its best 400-iteration learning rate (sweep.py's) and one grid step lower (a longer run
-often prefers a lower one), seed 1337. Phase B: the better of the two with seeds 42 and 2024. The sweep's schedule
-scaled to 4000 iterations: 400 warmup iterations, cosine decay to lr/10, an evaluation every 200.
-Readings: post-norm HRM and UniTF's chosen runs are read like section 5's (depth at inference, the Slow module;
-analysis.json), a run whose reading is missing trained again for its checkpoint (runner.run_all's rerun).
+Phase A: each variant at its best 400-iteration lr and one grid step lower, seed 1337. Phase B: the better of the two
+with seeds 42 and 2024. READ's chosen runs are read as section 5's (report.analysis), trained again for the checkpoint.
 """
 
 import os
-import sys
 
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
@@ -27,7 +22,7 @@ from arms import LONG_ITERS as ITERS, SEEDS, candidates, lr_name
 from arms import long_chosen as chosen, long_job as job
 from hrmlm import signals
 from hrmlm.common import UserError
-from report import header, mean_sd
+from report import heading, mean_sd
 
 VARIANTS = ["hrm-post", "hrm-pre", "transformer-post", "transformer-pre", "unitf-post", "unitf_full-post"]
 GAPS = [("hrm-post", "transformer-post"), ("hrm-pre", "transformer-pre"), ("hrm-post", "unitf-post"),
@@ -90,12 +85,11 @@ def mean_curve(v):
 
 
 def reach_table():
-    """How much training each baseline needs to match HRM's final CE: the first evaluation (every 200
-    iterations) where its seed mean is at or below HRM's, in characters and in counted training FLOPs."""
-    print(f"### Long run: how soon each baseline matches HRM's CE after {ITERS} iterations (seed means; "
-          f"first evaluation, every {ITERS // 20} iterations, at or below it)\n")
-    header("baseline", "HRM", f"HRM's CE at {ITERS} it", "baseline reaches it at iter", "characters",
-           "training FLOPs, baseline / HRM")
+    """How much training each baseline needs to match HRM's final CE: the first evaluation where its seed mean is at
+    or below HRM's, in characters and in counted training FLOPs."""
+    heading(f"Long run: how soon each baseline matches HRM's CE after {ITERS} iterations (seed means; first "
+            f"evaluation, every {ITERS // 20} iterations, at or below it)", "baseline", "HRM",
+            f"HRM's CE at {ITERS} it", "baseline reaches it at iter", "characters", "training FLOPs, baseline / HRM")
     for b, h in REACH:
         cb, ch = mean_curve(b), mean_curve(h)
         if ITERS not in ch or not cb:
@@ -110,9 +104,9 @@ def reach_table():
 
 def tables():
     uni = report.unigrams()["char"]
-    print(f"### Long run: validation CE after {ITERS} iterations ({ITERS * MCHARS:.1f}M characters, 10x the "
-          f"sweep), seed 1337, at the best 400-iteration lr and one grid step lower\n")
-    header("variant", "params", "MFLOPs/token", "best lr at 400 it", "CE", "one step lower", "CE", "chosen")
+    heading(f"Long run: validation CE after {ITERS} iterations ({ITERS * MCHARS:.1f}M characters, 10x the sweep), "
+            "seed 1337, at the best 400-iteration lr and one grid step lower", "variant", "params", "MFLOPs/token",
+            "best lr at 400 it", "CE", "one step lower", "CE", "chosen")
     for v in VARIANTS:
         lrs = candidates(v)
         if not lrs:
@@ -121,9 +115,8 @@ def tables():
         c = chosen(v)
         print(f"| {v} | {arms.size_cells('char', v)} | {cells} | {lr_name(c) if c else '-'} |")
     print()
-    print(f"### Long run: each variant at its chosen lr, 3 seeds, after {ITERS} iterations\n")
-    header("variant", "lr", *[f"seed {s}" for s in SEEDS], "mean ± sd", "at 400 iterations, its best lr there (sweep)",
-           "below unigram")
+    heading(f"Long run: each variant at its chosen lr, 3 seeds, after {ITERS} iterations", "variant", "lr",
+            *[f"seed {s}" for s in SEEDS], "mean ± sd", "at 400 iterations, its best lr there (sweep)", "below unigram")
     for v in VARIANTS:
         lr = chosen(v)
         if lr is None:
@@ -137,9 +130,8 @@ def tables():
     done = [d for d, _ in phase_a() + phase_b() if runner.finished(d)]
     print(f"{len(done)} runs committed, {report.hours(done):.1f} hours of training in all (one core each; their logs' "
           "time_s)\n")
-    print("### Long run: differences along the curves (row minus column, paired by seed: mean, 95% interval, p; "
-          "negative = row better)\n")
-    header("row", "column", *[f"iter {it} ({it * MCHARS:.2f}M chars)" for it in AT])
+    heading("Long run: differences along the curves (row minus column, paired by seed: mean, 95% interval, p; "
+            "negative = row better)", "row", "column", *[f"iter {it} ({it * MCHARS:.2f}M chars)" for it in AT])
     for a, b in GAPS:
         print(f"| {a} | {b} | " + " | ".join(str(paired_gap(a, b, it) or "-") for it in AT) + " |")
     print()
@@ -155,11 +147,7 @@ def tables():
     if any(report.analysis(d) for d in chosen_runs("hrm-post")):
         report.slow_seed_table(f"Long run: the Slow-module reading, seed by seed: post-norm HRM after {ITERS} "
                                "iterations", chosen_runs("hrm-post"))
-    missing = [v for v in VARIANTS if not curve(v)]
-    if missing:   # never overwrite the committed plot with a partial one
-        print(f"long_run.py: not drawing docs/long_run.png: no committed run at the chosen lr of "
-              f"{', '.join(missing)}; the committed plot is kept", file=sys.stderr)
-    else:
+    if report.drawable("long_run.png", [v for v in VARIANTS if not curve(v)], "no committed run at the chosen lr of"):
         draw(uni)
 
 

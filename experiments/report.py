@@ -1,12 +1,10 @@
-"""
-What every study prints and draws with, from the committed logs alone: the statistics (Welch's t, the paired t where
-runs share seeds: p-value, 95% interval, the verdict it allows), table parts, the checkpoint readings committed beside
-a run's log (computed once from its last checkpoint), and the plots' shared parts.
-"""
+"""What every study prints and draws with, from the committed logs alone: the statistics (Welch's t, the paired t
+where runs share seeds), table parts, the checkpoint readings committed beside a run's log, the plots' shared parts."""
 
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 import matplotlib
@@ -135,6 +133,14 @@ def header(*cols):
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
 
 
+def heading(title, *cols, note=None):
+    """A Markdown table's title (and a note under it), then its first two lines."""
+    print(f"### {title}\n")
+    if note:
+        print(note)
+    header(*cols)
+
+
 def fmt(v):
     return "diverged" if v == math.inf else f"{v:.3f}"
 
@@ -180,10 +186,9 @@ def reading_path(out_dir, name):
 
 
 def reading(out_dir, name, compute=None, archs=("hrm",), fields=()):
-    """The committed reading `name` (analysis.json, alive.json, kv.json) beside a run's log. Where it is missing and
-    the finished run's resume state is here, it is computed once, {"iter", **compute(model, batches)} on 64 validation
-    sequences, and committed; None where it cannot be, or the state is not the last iteration's (a run, or a rerun,
-    cut off). It reads the model after the last iteration, whose CE the tables report, not the best one (ckpt.pt)."""
+    """The committed reading `name` (analysis.json, alive.json, kv.json) beside a run's log; where it is missing,
+    computed once from the finished run's last-iteration state (whose CE the tables report, not ckpt.pt's), as
+    {"iter", **compute(model, batches)} on 64 validation sequences, and committed. None where it cannot be."""
     path = reading_path(out_dir, name)
     if not os.path.exists(path):
         state = runner.resume_state(out_dir)
@@ -221,9 +226,8 @@ SLOW_LEGEND = ("ΔCE: CE with z_H frozen at its prototype z_H0 (H_net's update r
 def slow_table(title, first, rows, cost=False):
     """The Slow-module readings (mean ± sd over the runs read) of each (name, runs) of rows that has any, under
     SLOW_LEGEND; cost: frozen_cost's interval too."""
-    print(f"### {title}\n")
-    print(SLOW_LEGEND)
-    header(first, "CE", "ΔCE, H frozen", "z_H drift", "w_H", "w_L", "w_I", *(["ΔCE [95% CI], p"] if cost else []))
+    heading(title, first, "CE", "ΔCE, H frozen", "z_H drift", "w_H", "w_L", "w_I",
+            *(["ΔCE [95% CI], p"] if cost else []), note=SLOW_LEGEND)
     for name, runs in rows:
         rs = [r for r in map(analysis, runs) if r]
         if rs:
@@ -238,8 +242,7 @@ def slow_table(title, first, rows, cost=False):
 def slow_seed_table(title, runs):
     """The Slow-module readings run by run, then ΔCE's mean with its 95% interval (frozen against not, paired by
     checkpoint) where 2 or more are read."""
-    print(f"### {title}\n")
-    header("seed", "CE", "ΔCE, H frozen", "z_H drift", "w_H / w_L / w_I")
+    heading(title, "seed", "CE", "ΔCE, H frozen", "z_H drift", "w_H / w_L / w_I")
     for d in runs:
         r = analysis(d)
         if r:
@@ -272,8 +275,7 @@ def depth_rows(runs):
 def depth_table(title, first, rows):
     """Val CE at each of DEPTHS (mean ± sd of the readings): a line per (name, runs) of rows and per depth varied
     (N', T', M') that the readings have."""
-    print(f"### {title}\n")
-    header(*first, "varied", *[f"{f:g}x" for f in DEPTHS])
+    heading(title, *first, "varied", *[f"{f:g}x" for f in DEPTHS])
     for name, runs in rows:
         ces = depth_rows(runs)
         for what in ("N", "T", "M"):
@@ -321,6 +323,15 @@ def save(fig, name):
     """Laid out and saved, byte-identical for identical logs: no timestamp or version in the PNG's metadata."""
     fig.tight_layout()
     fig.savefig(os.path.join(runner.ROOT, "docs", name), metadata={"Software": None})
+
+
+def drawable(name, missing, why):
+    """True where no run docs/<name> needs is missing; else False, and one line says which: the committed plot is kept
+    (never overwritten with a partial one)."""
+    if missing:
+        print(f"{os.path.basename(sys.argv[0])}: not drawing docs/{name}: {why} {', '.join(missing)}; the committed "
+              "plot is kept", file=sys.stderr)
+    return not missing
 
 
 def finish(fig, axes, name):

@@ -1,10 +1,8 @@
 """
 The runner every study shares: each run a plain train.py command in a subprocess, `workers` at a time with one thread
-each. A run that ends is stored as experiments/logs/<study>/.../log.jsonl and run.json (command, outcome, final CE,
-ms/iter, size, counted FLOPs): a run is finished once run.json is committed, so the same command, run again, goes on.
-A stop signal to a study (hrmlm.signals.main) sends each running train.py one SIGTERM, waits for them, and ends the
-study with one line and 128 + n; so does a run stopped by a signal of its own. A run whose out_dir/.lock a train.py
-holds (say, a killed runner's), or that another runner has claimed (runner.lock), is skipped.
+each, stored as experiments/logs/<study>/.../log.jsonl and run.json once it ends: a run is finished once run.json is
+committed, so the same command, run again, goes on. A stop signal sends each running train.py one SIGTERM, waits for
+them, and ends the study with one line and 128 + n. A run another train.py or runner holds is skipped.
 """
 
 import argparse
@@ -263,12 +261,6 @@ def claim_run(out_dir):
     return locked(os.path.join(out_dir, "runner.lock"), "w")
 
 
-def busy(out_dir):
-    """True where another runner holds the run (the claim taken to see is let go: falsy)."""
-    claim = claim_run(out_dir)
-    return claim is None or claim.close()
-
-
 def kept_rerun(out_dir, cmd):
     """True where out_dir already holds what a rerun would make: a checkpoint of the last iteration (say, from a
     rerun whose reading a stop cut off) and a log that reproduces the committed one."""
@@ -312,7 +304,8 @@ def run_until_done(plan, workers, after):
         after()
         left = plan()
         if {d for d, _ in left} == {d for d, _ in todo}:       # nothing finished this round
-            held = [d for d, _ in left if os.path.isdir(d) and busy(d)]
+            # held by another runner (the claim taken to see is let go: falsy)
+            held = [d for d, _ in left if os.path.isdir(d) and ((c := claim_run(d)) is None or c.close())]
             if not held:
                 raise UserError(f"{len(left)} runs did not finish (see each out_dir's train.out), first: "
                                 f"{left[0][0]}", 1)

@@ -4,20 +4,12 @@ trainability. The runs still missing, then every table and plot from the committ
 
     python prepare.py --dataset=shakespeare_char && python prepare.py
     python experiments/sweep.py                 # all runs, then tables and plots (about 3 hours on 2 cores)
-    python experiments/sweep.py --tables        # tables and plots only, from experiments/logs/sweep/ alone (a fresh clone)
+    python experiments/sweep.py --tables        # tables and plots only, from experiments/logs/sweep/ alone
 
-Phases:
-  1. character testbed, 15 variants x 4 learning rates, seed 1337: HRM, Transformer L=4, UniTF (each post- and
-     pre-norm) at matched stored parameters, and controls that each differ from one of those in one thing (arms.CHAR:
-     HRM's Fast module alone, the same widened, UniTF at d=128, UniTF with full backprop, clipping at 1.0, a
-     Transformer L=1, training at a random depth). A best lr at the edge of what a variant tried gets the next
-     half-decade step that way, until every best is bracketed.
-  2. each variant's best lr with 2 more seeds; the K ablation (K = 1, 4 of M = 4) for post-norm HRM, 3 seeds.
-  3. BPE testbed (config/shakespeare_*.py, 400 iterations): the six architecture x norm variants at their best
-     character-level lr and one grid step each side, grown until bracketed, then 3 seeds; and the post-norm
-     Transformer with HRM's untied matrix before the tied logits (out_proj).
-The checkpoint readings (Slow-module ablation, z_H drift, fusion weights, depth at inference) are computed once from
-out-sweep/'s last checkpoints and committed beside the logs (analysis.json).
+Phases: 1. the character testbed's variants (arms.CHAR) at 4 learning rates, seed 1337, each best lr at an edge grown
+a half-decade step that way until bracketed; 2. each best with 2 more seeds, and the K ablation (K = 1, 4 of M = 4)
+for post-norm HRM; 3. the BPE testbed's (arms.BPE) from their best character-level lr and one step each side, grown
+until bracketed, then 3 seeds. Checkpoint readings: report.analysis (analysis.json beside the logs).
 """
 
 import math
@@ -30,7 +22,7 @@ import runner
 from arms import CHAR, GRID, LRS, SEEDS, VARIANTS, best_lr, best_runs, command, lr_name, run_dir, settled, tried
 from hrmlm import signals
 from hrmlm.common import UserError
-from report import header, mean_sd
+from report import heading, mean_sd
 
 
 def edge_runs(testbed):
@@ -69,9 +61,8 @@ def run_everything(workers, testbeds):
 
 def lr_table(testbed, title):
     vs = VARIANTS[testbed]
-    print(f"### {title}\n")
     cols = [lr for lr in GRID if any(lr in tried(testbed, v) for v in vs)]
-    header("variant", "params", "MFLOPs/token", *[f"lr {lr_name(lr)}" for lr in cols], "best lr")
+    heading(title, "variant", "params", "MFLOPs/token", *[f"lr {lr_name(lr)}" for lr in cols], "best lr")
     for v in vs:
         best = best_lr(testbed, v)
         cells = [("**" + report.cell(d) + "**" if lr == best else report.cell(d)) if lr in tried(testbed, v) else "-"
@@ -82,8 +73,7 @@ def lr_table(testbed, title):
 
 def seeds_table(testbed, title, uni):
     """Each variant at its best lr over the 3 seeds."""
-    print(f"### {title}\n")
-    header("variant", "MFLOPs/token", "lr", *[f"seed {s}" for s in SEEDS], "mean ± sd", "below unigram")
+    heading(title, "variant", "MFLOPs/token", "lr", *[f"seed {s}" for s in SEEDS], "mean ± sd", "below unigram")
     for v in VARIANTS[testbed]:
         lr = best_lr(testbed, v)
         if lr is None:
@@ -126,12 +116,11 @@ def seed_values(testbed, v):
 
 
 def differences_table():
-    print("### Character testbed: differences of the best-lr seed means (row minus column; negative = row better)\n")
-    print("Every variant ran seeds 1337, 42 and 2024, so each difference is paired by seed (95% interval and p of "
-          "the paired t); Welch's, which ignores the pairing, beside it. The verdict follows the paired interval: a "
-          "sign where it excludes 0, else \"the data cannot tell\".\n")
-    header("row", "column", "what differs", "Δ CE", "Welch: 95% interval, p", "paired: 95% interval, p", "verdict",
-           "FLOPs/token, row / column")
+    heading("Character testbed: differences of the best-lr seed means (row minus column; negative = row better)",
+            "row", "column", "what differs", "Δ CE", "Welch: 95% interval, p", "paired: 95% interval, p", "verdict",
+            "FLOPs/token, row / column", note="Every variant ran seeds 1337, 42 and 2024, so each difference is paired "
+            "by seed (95% interval and p of the paired t); Welch's, which ignores the pairing, beside it. The verdict "
+            "follows the paired interval: a sign where it excludes 0, else \"the data cannot tell\".\n")
     for a, b, what in COMPARISONS:
         va, vb = seed_values("char", a), seed_values("char", b)
         w, pr = report.welch(list(va.values()), list(vb.values())), report.paired(va, vb)
@@ -164,9 +153,9 @@ def k_table():
     lr = best_lr("char", "hrm-post")
     if not lr:
         return
-    print(f"### K ablation: post-norm HRM, M = 4, lr {lr_name(lr)}, 3 seeds (clipping at grad_clip * K / M; "
-          "difference from K = 2 paired by seed, 95% interval)\n")
-    header("K", "MFLOPs/token", *[f"seed {s}" for s in SEEDS], "mean ± sd", "minus K = 2")
+    heading(f"K ablation: post-norm HRM, M = 4, lr {lr_name(lr)}, 3 seeds (clipping at grad_clip * K / M; difference "
+            "from K = 2 paired by seed, 95% interval)", "K", "MFLOPs/token", *[f"seed {s}" for s in SEEDS],
+            "mean ± sd", "minus K = 2")
     dirs = {k: [run_dir("char", "hrm-post", lr, s, extra) for s in SEEDS] for k, extra in ((1, "-K1"), (2, ""), (4, "-K4"))}
     for k, ds in dirs.items():
         fl = next((f"{runner.facts(d)['train_flops_per_token'] / 1e6:.1f}" for d in ds if runner.finished(d)), "-")
