@@ -1,19 +1,16 @@
 """
 Is HRM's recurrence alive in the runs we compare? (docs/RESULTS.md section 10.) At the learning rates that tune best,
 AdamW moves a scalar up to ~lr a step, and HRM's injection scales alpha_L, alpha_H (initialised at 0.1) can collapse
-to ~0: the model is then its input block and output fusion. This study measures it and tries remedies (off by
-default), at section 9's arms and schedule (equalparam.py: post-norm, 2000 iterations of 8 x 128 characters, K = 2).
+to ~0: the model is then its input block and output fusion. This study measures it (alive.json beside each HRM run's
+log) and tries remedies (REMEDIES, off by default) at section 9's arms and schedule (equalparam.py).
 
     python experiments/alive.py               # the runs still missing, their readings, then the tables
     python experiments/alive.py --dry-run     # the train.py commands still to run (at this phase); run nothing
     python experiments/alive.py --tables      # tables only, from the committed logs (experiments/logs/alive/, equalparam/)
 
-Remedies: paper (section 9's runs), fixed (--learn_alpha=False), mult0.1 and mult0.01 (--scalar_lr_mult). Phases,
-chosen on seeds 7 and 8, which no test uses (only alive runs compete): A. selection at seed 7, each grid grown where
-its best alive run is at an edge; B. the best two (remedy, lr) at seed 8 too, the lower 2-seed mean chosen; C. the
-choice at the test seeds; W. the width control; BPE: the BPE testbed's post-norm HRM and Transformer for 2000
-iterations; R, S: section 9's and sections 2-7's HRM trained again for their checkpoints. Readings: alive.json
-beside each finished HRM run's log (reading()).
+Phases (groups(), in run order): A, B: each arm's (remedy, lr) chosen on seeds 7 and 8, alive runs only; C: the choice
+at the test seeds; W: the width control; BPE: the BPE pair for 2000 iterations; R, S: sections 2-9's HRM trained
+again for the checkpoints their committed logs lack.
 """
 
 import os
@@ -46,14 +43,11 @@ BPE_ITERS = 2000
 
 
 def job(arm, remedy, k, seed, name=None, extra=()):
-    """(out_dir, command) of one run: equalparam's arm at its centre lr times 2^k, with the remedy's overrides.
-    A paper-setting run at a test seed that equalparam has committed (section 9's) counts here; every other run is
-    this study's (out-alive/<arm>-<remedy>/, or out-alive/<name>/), so that none changes section 9's selection."""
+    """(out_dir, command): equalparam's arm at its centre lr times 2^k with the remedy's overrides, under out-alive/ so
+    that none changes section 9's selection; a paper-setting run at a test seed that section 9 committed is its."""
     if remedy == "paper" and seed in SEEDS and name is None and runner.finished(arms.arm_job(arm, k, seed)[0]):
         return arms.arm_job(arm, k, seed)
-    d, cmd = arms.arm_job(arm, k, seed, REMEDIES[remedy] + list(extra), name=name or f"{arm}-{remedy}")
-    new = d.replace(arms.EP_OUT, OUT, 1)
-    return new, [f"--out_dir={new}" if a == f"--out_dir={d}" else a for a in cmd]
+    return arms.arm_job(arm, k, seed, REMEDIES[remedy] + list(extra), name=name or f"{arm}-{remedy}", out=OUT)
 
 
 def val(arm, remedy, k, seed):
@@ -90,9 +84,8 @@ def tried(arm):
 
 
 def phase_a(arm):
-    """The selection grid's start; then, for each remedy, one lr step outward where its best alive seed-7 run is at
-    an edge of what was tried, or one step below the lowest lr tried where no run is alive yet (a lower lr keeps
-    alpha from collapsing)."""
+    """The selection grid's start; then, per remedy, one lr step outward where its best alive seed-7 run is at an edge
+    of what was tried, or one below the lowest where none is alive yet (a lower lr keeps alpha from collapsing)."""
     start = HRM_START if arm in HRM_ARMS else (0, -1, 1)
     rems = REMEDIES if arm in HRM_ARMS else ["paper"]
     jobs = [job(arm, r, k, SELECT[0]) for k in start for r in rems] + [job(arm, r, k, SELECT[0]) for r, k in tried(arm)]
@@ -139,11 +132,11 @@ def phase_w():
     return [job(WIDTH[0], "paper", WIDTH[1], s, name="hrm-nt8-width") for s in SEEDS]
 
 
-def phase_r(arm):
-    """Section 9's runs of the arm at its chosen lr again, for the checkpoints their committed logs lack: the alive
-    readings of the HRM that section 9 compared (a rerun's CE is shown beside the committed one)."""
+def phase_r(arm, rerun=True):
+    """Section 9's runs of the arm at its chosen lr; rerun: again, for the checkpoints their committed logs lack (the
+    alive readings of the HRM that section 9 compared; a rerun's CE is shown beside the committed one)."""
     k = arms.shown_k(arm)[0]
-    return [] if k is None else [job(arm, "paper", k, s, name=f"{arm}-rerun") for s in SEEDS]
+    return [] if k is None else [job(arm, "paper", k, s, name=f"{arm}-rerun" if rerun else None) for s in SEEDS]
 
 
 def phase_warm():
@@ -179,9 +172,8 @@ def phase_s(sections=("2-5",)):
 
 
 def bpe_runs():
-    """(variant, lr) of each BPE run: each at its best 400-iteration lr (experiments/sweep.py), and the post-norm
-    Transformer at 1e-3 too, the low end of its flat 400-iteration curve (1e-3 to 3e-1 within 0.03, section 4) and
-    HRM's best: at 1e-1 alone, a run that stays at the unigram line could be its lr's doing, not a stall."""
+    """(variant, lr) of each BPE run: each at its best 400-iteration lr, and the post-norm Transformer at 1e-3 too (the
+    low end of its flat curve, and HRM's best): at 1e-1 alone, a stall at the unigram line could be the lr's doing."""
     runs = [(v, arms.best_lr("bpe", v)) for v in BPE] + [("transformer-post", 1e-3)]
     return [(v, lr) for v, lr in runs if arms.best_lr("bpe", v) is not None]   # None: the sweep's logs are not here
 
@@ -203,28 +195,6 @@ def groups():
 
 def all_jobs():
     return list(dict(j for g in groups() for j in g).items())
-
-
-def next_jobs(workers):
-    """The unfinished jobs of the first group that has any, and from the groups after it just enough to make
-    a multiple of `workers`, so no core idles beside a lone run (3 runs, 2 workers: the next group's first run
-    comes along). The plan is made again after each batch, as finished runs unlock later phases."""
-    todo = []
-    for g in groups():
-        new = [(d, c) for d, c in g if not runner.finished(d) and (d, c) not in todo]
-        todo += new[:-len(todo) % workers] if todo else new
-        if todo and len(todo) % workers == 0:
-            break
-    return todo
-
-
-def read_finished():
-    """Read every finished HRM run of this study whose checkpoint is here."""
-    for d, _ in all_jobs():
-        if "hrm" in d and runner.finished(d) and runner.resume_state(d) and \
-                not os.path.exists(report.reading_path(d, "alive.json")):
-            print(f"reading {d}", flush=True)
-            reading(d)
 
 
 # --- tables, from the committed logs and readings alone -------------------------------------------
@@ -284,15 +254,10 @@ def read_on(arm, remedy, k, seed):
     return job(arm, "paper", k, seed, name=f"{arm}-rerun")[0] if section9 else d
 
 
-def section9_dirs(arm):
-    k = arms.shown_k(arm)[0]
-    return [] if k is None else [job(arm, "paper", k, s)[0] for s in SEEDS]
-
-
 def test_table():
     """Each arm's choice, section 9's HRM and the width control (phase W) at the test seeds; then their differences."""
     table = {arm: by_seed([job(arm, *chosen(arm), s)[0] for s in SEEDS]) for arm in HRM_ARMS + TF_ARMS if chosen(arm)}
-    table.update({f"{arm} (section 9)": by_seed(section9_dirs(arm)) for arm in HRM_ARMS})
+    table.update({f"{arm} (section 9)": by_seed([d for d, _ in phase_r(arm, False)]) for arm in HRM_ARMS})
     table["hrm-nt8 at lr 1.25e-3"] = by_seed([d for d, _ in phase_w()])
     table = {k: v for k, v in table.items() if v}
     rows = [(a, TF_OF[a], f"alive HRM {a[4:].upper()} vs Transformer ({TF_OF[a]})") for a in HRM_ARMS] + \
@@ -329,7 +294,8 @@ def test_table():
 
 def reruns_tables():
     """Phases R and S: the committed CE, the rerun's, and what the rerun reads."""
-    got = [(arm, s, rerun, d) for arm in HRM_ARMS for s, (rerun, _), d in zip(SEEDS, phase_r(arm), section9_dirs(arm))]
+    got = [(arm, s, rerun, d) for arm in HRM_ARMS
+           for s, (rerun, _), (d, _) in zip(SEEDS, phase_r(arm), phase_r(arm, False))]
     got += [(arms.CONTROL[0], s, rerun, arms.control_job(s)[0]) for s, (rerun, _) in zip(SEEDS, phase_warm())]
     got = [g for g in got if runner.finished(g[2])]
     if got:
@@ -403,8 +369,11 @@ def tables():
 
 
 def main():
+    def read_finished():
+        report.read_finished(all_jobs(), "alive.json", reading)
+
     def run(workers):   # phase by phase, each round's finished HRM runs read (phase B depends on it)
-        runner.run_until_done(lambda: next_jobs(workers), workers, read_finished)
+        runner.run_until_done(lambda: runner.next_jobs(groups(), workers), workers, read_finished)
         read_finished()
     runner.runner_main(__doc__, all_jobs, run, tables,
                        [("shakespeare_char", "--dataset=shakespeare_char"), ("shakespeare", "")])

@@ -143,11 +143,11 @@ def lr_text(lr):
     return f"{m.rstrip('0').rstrip('.')}e{int(e)}"
 
 
-def arm_job(arm, k, seed, extra=(), name=None):
-    """(out_dir, train.py command) of one run: the arm at the centre lr times 2^k."""
+def arm_job(arm, k, seed, extra=(), name=None, out=EP_OUT):
+    """(out_dir, train.py command) of one run: the arm at the centre lr times 2^k (alive.py's: under out)."""
     cfg, over, _ = ARMS[arm]
     lr = lr_of(arm, k)
-    out_dir = os.path.join(EP_OUT, name or arm, f"lr{lr_text(lr)}-s{seed}")
+    out_dir = os.path.join(out, name or arm, f"lr{lr_text(lr)}-s{seed}")
     warmup = [] if any(e.startswith("--warmup_iters=") for e in extra) else [f"--warmup_iters={EP_ITERS // 10}"]
     cmd = [sys.executable, "train.py", f"config/{cfg}.py", *over, f"--learning_rate={lr:.6g}",
            f"--max_iters={EP_ITERS}", f"--lr_decay_iters={EP_ITERS}", *warmup,

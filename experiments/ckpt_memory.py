@@ -4,11 +4,10 @@ Peak host memory per rank of an FSDP run's checkpoint save and resume, on the CP
     python experiments/ckpt_memory.py                       # this checkout
     python experiments/ckpt_memory.py --code=/path/to/other/checkout --label=before
 
-Three train.py runs on 2 ranks of a ~140M-parameter HRM (d=1536) on the character data (python prepare.py
---dataset=shakespeare_char): "start" builds the model and evaluates it (--eval_only), "save" trains 1 iteration and
-saves (ckpt.pt and the resume state), "resume" loads that resume state and evaluates (--eval_only). Each rank samples its own anonymous resident memory
-(RssAnon: the heap, not file pages the kernel can drop, such as a memory-mapped checkpoint) every 2 ms and
-reports the peak. Prints one markdown row per phase and rank.
+Three train.py runs on 2 ranks of a ~140M-parameter HRM (d=1536) on the character data: "start" builds the model and
+evaluates it, "save" trains 1 iteration and saves (ckpt.pt and the resume state), "resume" loads that state and
+evaluates. Each rank samples its RssAnon (the heap, not file pages the kernel can drop, such as a memory-mapped
+checkpoint) every 2 ms; one markdown row per phase and rank.
 """
 
 import argparse

@@ -89,16 +89,10 @@ def chosen_dirs(name):
 
 def read_finished(workers):
     """Read every finished HRM run whose checkpoint is here; rerun the chosen runs whose reading is missing."""
-    reruns = []
-    for d, cmd in all_jobs():
-        if "hrm" not in d or not runner.finished(d) or os.path.exists(report.reading_path(d, "analysis.json")):
-            continue
-        if runner.resume_state(d):
-            print(f"reading {d}", flush=True)
-            report.analysis(d)
-        elif d in chosen_dirs(d.split(os.sep)[1]):
-            reruns.append((d, cmd))
-    runner.rerun_and_read(reruns, workers, report.analysis)
+    report.read_finished(all_jobs(), "analysis.json", report.analysis)
+    unread = [(d, c) for d, c in all_jobs() if "hrm" in d and runner.finished(d) and not runner.resume_state(d)
+              and not os.path.exists(report.reading_path(d, "analysis.json"))]
+    runner.rerun_and_read([(d, c) for d, c in unread if d in chosen_dirs(d.split(os.sep)[1])], workers, report.analysis)
 
 
 # --- tables, from the committed logs alone --------------------------------------------------------

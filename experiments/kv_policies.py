@@ -74,9 +74,9 @@ SPEED = os.path.join(runner.ROOT, "experiments", "logs", "kv_speed.json")
 
 
 def speed(reps=5, tokens=None, prompt=16):
-    """Cached greedy tok/s (batch 1, one thread) of each variant's shape under each of its policies, the median of
-    reps rounds that each time every one once, written to SPEED. Past block_size each token would be a full forward,
-    not a cached step: tokens defaults to block_size - prompt, and more is refused."""
+    """Cached greedy tok/s (batch 1, one thread) of fresh weights of each variant's shape under each of its policies,
+    the median of reps rounds that each time every one once, written to SPEED. tokens: block_size - prompt at most
+    (past it each token would be a full forward, not a cached step)."""
     models = {}
     for v in VARIANTS:
         torch.manual_seed(0)
@@ -108,9 +108,8 @@ def speed(reps=5, tokens=None, prompt=16):
 
 
 def missing():
-    """Every run whose reading is missing: the 400-iteration ones first (minutes each, not hours); the long ones
-    seed by seed (every variant's first seed before any variant's second), so that a stopped session leaves each
-    variant read at as many seeds as the others, not some complete and some unread."""
+    """Every run whose reading is missing: the 400-iteration ones first (minutes each, not hours), then the long ones
+    seed by seed, so that a stopped session leaves each variant read at as many seeds as the others."""
     jobs = [j for v in VARIANTS for j in runs(v, 400)]
     jobs += [j for v in REMEDIES for j in probe_jobs(v) if runner.finished(j[0])]
     jobs += [j for n in LENGTHS[1:] for i in range(len(SEEDS)) for v in VARIANTS for j in jobs_of(v, n)[i:i + 1]

@@ -205,6 +205,14 @@ def reading(out_dir, name, compute=None, archs=("hrm",), fields=()):
     return runner.committed_json(path, fields)
 
 
+def read_finished(jobs, name, read):
+    """read() each finished HRM run of jobs whose reading `name` is missing, where its checkpoint is here."""
+    for d, _ in jobs:
+        if "hrm" in d and runner.finished(d) and runner.resume_state(d) and not os.path.exists(reading_path(d, name)):
+            print(f"reading {d}", flush=True)
+            read(d)
+
+
 def analysis(out_dir):
     """The sweep's reading (analysis.json), or None: for HRM the Slow-module ablation (CE with z_H frozen at z_H0),
     z_H's drift, the fusion weights (analyze.py's HLRole A-C); for HRM and UniTF, val CE at DEPTHS x trained depth."""
@@ -326,8 +334,7 @@ def save(fig, name):
 
 
 def drawable(name, missing, why):
-    """True where no run docs/<name> needs is missing; else False, and one line says which: the committed plot is kept
-    (never overwritten with a partial one)."""
+    """True where no run docs/<name> needs is missing; else one line says which, and the committed plot is kept."""
     if missing:
         print(f"{os.path.basename(sys.argv[0])}: not drawing docs/{name}: {why} {', '.join(missing)}; the committed "
               "plot is kept", file=sys.stderr)

@@ -295,10 +295,21 @@ def rerun_and_read(jobs, workers, read):
         read(d)
 
 
+def next_jobs(groups, workers):
+    """The unfinished jobs of the first of groups (lists of jobs, in run order) that has any, topped up from the next
+    ones to a multiple of `workers`, so no core idles beside a lone run (planned again each round)."""
+    todo = []
+    for g in groups:
+        new = [(d, c) for d, c in g if not finished(d) and (d, c) not in todo]
+        todo += new[:-len(todo) % workers] if todo else new
+        if todo and len(todo) % workers == 0:
+            break
+    return todo
+
+
 def run_until_done(plan, workers, after):
-    """Run plan()'s jobs round by round (planned again each round, as finished runs unlock later phases), after()
-    between rounds, until it plans none. Another runner may hold some: wait for it; a round that leaves a run
-    neither finished nor held ends the study with one line."""
+    """Run plan()'s jobs round by round (finished runs unlock later phases), after() between rounds, until it plans
+    none; wait for runs another runner holds, and end with one line where a round leaves a run unfinished."""
     while todo := plan():
         run_all(todo, workers)
         after()

@@ -184,18 +184,16 @@ def test_next_jobs_fills_the_last_round_from_the_next_groups(monkeypatch):
     import sys
     from conftest import ROOT
     sys.path.insert(0, os.path.join(ROOT, "experiments"))
-    import alive
     import runner
     gs = [[("a", 0), ("b", 0), ("c", 0)], [("d", 0), ("e", 0)], [("f", 0)]]
-    monkeypatch.setattr(alive, "groups", lambda: gs)
     monkeypatch.setattr(runner, "finished", lambda d: d == "b")
-    assert [d for d, _ in alive.next_jobs(2)] == ["a", "c"]           # a round of 2: nothing to fill
+    assert [d for d, _ in runner.next_jobs(gs, 2)] == ["a", "c"]           # a round of 2: nothing to fill
     monkeypatch.setattr(runner, "finished", lambda d: False)
-    assert [d for d, _ in alive.next_jobs(2)] == ["a", "b", "c", "d"]   # e waits for the next plan
-    assert [d for d, _ in alive.next_jobs(4)] == ["a", "b", "c", "d"]
-    assert [d for d, _ in alive.next_jobs(5)] == ["a", "b", "c", "d", "e"]   # groups short of a round: all of them
+    assert [d for d, _ in runner.next_jobs(gs, 2)] == ["a", "b", "c", "d"]   # e waits for the next plan
+    assert [d for d, _ in runner.next_jobs(gs, 4)] == ["a", "b", "c", "d"]
+    assert [d for d, _ in runner.next_jobs(gs, 5)] == ["a", "b", "c", "d", "e"]   # groups short of a round: all of them
     gs[1:] = [[("d", 0)]]
-    assert [d for d, _ in alive.next_jobs(2)] == ["a", "b", "c", "d"]
+    assert [d for d, _ in runner.next_jobs(gs, 2)] == ["a", "b", "c", "d"]
 
 
 def test_a_choice_that_is_section_9s_setting_is_read_on_its_reruns(monkeypatch, tmp_path, capsys):
