@@ -80,7 +80,7 @@ warmup_iters = 1000          # linear warmup (HRM: max(1000, N*T*100), docs/MODE
 lr_decay_iters = 0           # cosine reaches min_lr here (0 = max_iters)
 device = "auto"              # "auto" (cuda if present, else cpu), "cpu", "cuda", "cuda:1", ...
 dtype = "auto"               # "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16", "float16"
-compile = False              # torch.compile the model (the uncompiled weights are what is saved)
+compile = None               # torch.compile per block application (None: on CUDA, not on CPU; the weights saved eager)
 fsdp = False                 # with torchrun: FSDP2 instead of DDP (shards weights, grads, AdamW state; see tools/plan.py)
 seed = 1337                  # everything random derives from this
 # -----------------------------------------------------------------------------
@@ -97,13 +97,14 @@ def setting_errors(c, ddp):
         **{f"{k} must be >= {v}, got {c[k]}": c[k] < v for k, v in least.items()},
         **{f"{k} must be > 0, got {c[k]}": not c[k] > 0 for k in ("learning_rate", "scalar_lr_mult")},
         **{f"{k} must be in [0, 1), got {c[k]}": not 0 <= c[k] < 1 for k in ("beta1", "beta2")},
+        f"compile must be True, False or None (on CUDA only), got {c['compile']!r}": c["compile"] not in (True, False),
         "fsdp=True shards the model over torchrun's processes: run it with torchrun": c["fsdp"] and not ddp,
         "fsdp=True trains in bfloat16 or float32: use --dtype=bfloat16": c["fsdp"] and c["dtype"] == "float16",
         "random_depth=True varies the recurrence of hrm/unitf, with K_slow=0 and fast_attn_steps=None": c[
             "random_depth"] and (arch == "transformer" or c["K_slow"] or c["fast_attn_steps"] is not None),
         f"train_kv={kv!r}: only 'full' (the default) or, for arch='unitf' in one process without compile, 'last' "
-        f"(docs/RESULTS.md section 8); got arch={arch!r}" + ", under torchrun" * ddp + ", compile=True" * c["compile"]:
-            kv != "full" and (arch != "unitf" or kv != "last" or ddp or c["compile"]),
+        f"(section 8 of docs/RESULTS.md); got arch={arch!r}" + ", under torchrun" * ddp + ", compile=True" * (c[
+            "compile"] is True): kv != "full" and (arch != "unitf" or kv != "last" or ddp or c["compile"] is True),
         f"min_lr={c['min_lr']:g} is above learning_rate={c['learning_rate']:g}: the cosine 'decay' would climb to it":
             c["decay_lr"] and c["min_lr"] > c["learning_rate"] > 0}.items() if bad]
 
@@ -116,17 +117,15 @@ def stop(lines, status=2):
     os._exit(status)
 
 
-def log(msg):
-    print(msg, flush=True) if rank == 0 else None
-
-
+log = lambda msg: print(msg, flush=True) if rank == 0 else None   # noqa: E731  (every rank runs; rank 0 speaks)
 # --- setup: every check before any work; a problem is a UserError raised where it is found, one line here ----------
 ddp, rank = "RANK" in os.environ, int(os.environ.get("RANK", 0))   # under torchrun?
 try:
     config = configure(globals())   # config/*.py, then --key=value (configurator.py)
+    device = usable_device(device)   # "auto": cuda if torch can use a GPU, else cpu
+    config["compile"] = compile = device != "cpu" if compile is None else compile   # CPU: docs/BENCHMARKS.md
     if errors := setting_errors(config, ddp):
         stop(errors)
-    device = usable_device(device)   # "auto": cuda if torch can use a GPU, else cpu
     if ddp or compile or device != "cpu":
         from hrmlm import parallel   # here: one process on the CPU without compile needs none of it
     if train_kv != "full":
@@ -355,6 +354,7 @@ if bad_in_row:   # fewer than max_nonfinite iterations were left: the run still 
     diverged(f"the last {bad_in_row} iteration(s) up to iter {iter_num} were all non-finite (steps skipped)")
 signals.install(signal.SIG_IGN)   # done: from here a signal changes nothing
 log(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, {time.time() - t_start:.1f} s" +
-    (f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if device_type == "cuda" else ""))
+    (f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB allocated, "
+     f"{torch.cuda.max_memory_reserved(device) / 2**30:.1f} GiB reserved" if device_type == "cuda" else ""))
 wandb.finish() if wandb_log and master else None
 dist.destroy_process_group() if ddp else None

@@ -20,6 +20,10 @@ from torch.overrides import TorchFunctionMode
 from hrmlm.signals import UserError
 from model import HRM, Transformer, build_model
 
+# CUDA's allocator grows its segments rather than leaving freed blocks of odd sizes unusable (torchtitan's and
+# nanochat's setting); read at the first CUDA allocation, which comes after this import. A user's setting wins
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
 
 def init_process_group(device):
     """(rank, world size, device) of this torchrun process, its process group started (NCCL on CUDA, gloo on CPU),

@@ -2,12 +2,16 @@
 part and dtype, bench.py's timing and memory calls aimed at the device asked for, not device 0, the loud line
 where a GPU is present but torch cannot use it, and each torchrun process's GPU."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import bench
 from hrmlm import common
 from hrmlm import common as flops   # FLOPs and peaks live in common.py
+from conftest import ENV, ROOT
 
 
 @pytest.mark.parametrize("name, peak", [
@@ -130,3 +134,14 @@ def test_meta_build_gives_todays_initial_weights(case):
     with MetaInit(lambda full: None):
         built = build_model(cfg)
     assert all(p.is_meta == (p.dim() >= 2) for p in built.parameters())
+
+
+@pytest.mark.parametrize("user", [None, "max_split_size_mb:64"])
+def test_cuda_allocator_grows_segments_unless_the_user_set_it(user):
+    """hrmlm.parallel (every CUDA run of train.py imports it before its first CUDA allocation) sets expandable
+    segments, torchtitan's and nanochat's setting; a PYTORCH_CUDA_ALLOC_CONF the user gave is kept."""
+    env = {k: v for k, v in ENV.items() if k != "PYTORCH_CUDA_ALLOC_CONF"} | ({"PYTORCH_CUDA_ALLOC_CONF": user} if user
+                                                                           else {})
+    p = subprocess.run([sys.executable, "-c", "import os, hrmlm.parallel; print(os.environ['PYTORCH_CUDA_ALLOC_CONF'])"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.stdout.strip() == (user or "expandable_segments:True"), p.stderr

@@ -86,6 +86,7 @@ def test_configurator_cases(tmp_path):
     (["--train_kv=last"], "train_kv='last': only 'full' (the default) or, for arch='unitf'"),
     (["--arch=unitf", "--train_kv=fired"], "got arch='unitf'"),
     (["--arch=unitf", "--train_kv=last", "--compile=True"], "compile=True"),
+    (["--compile=yes"], "compile must be True, False or None (on CUDA only), got 'yes'"),
 ])
 def test_train_config_errors_stop_before_work(args, msg, data_dir, tmp_path, capfd):
     if args[0].startswith("--dataset"):
