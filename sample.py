@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from configurator import configure  # noqa: E402
 from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from hrmlm.common import DTYPES, auto_dtype, get_codec, load_meta, usable_device  # noqa: E402
-from hrmlm.engine import KV_POLICIES, cache_slots, stream  # noqa: E402
+from hrmlm.engine import KV_POLICIES, cache_slots, check_draft, stream  # noqa: E402
 from hrmlm.signals import SIGNALLED, UserError  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -37,6 +37,8 @@ device = "auto"              # "auto", "cpu", "cuda", ...
 dtype = "auto"               # "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "bfloat16", "float16"
 use_cache = True             # cached decoding; False re-runs the whole context for every token
 kv = "full"                  # KV cache policy: full (exact); last, fired share slots and CHANGE the output (engine.py)
+draft_depth = 0              # > 0: self-speculative decoding, drafted at this depth (HRM: Slow firings; UniTF: steps)
+draft_tokens = 4             # tokens drafted per check at the trained depth (the same text greedy; engine.speculate)
 compile = False              # torch.compile the forward, fixed-shape cache (mode reduce-overhead: CUDA graphs on GPU)
 # -----------------------------------------------------------------------------
 
@@ -53,8 +55,8 @@ def main():
     if kv not in KV_POLICIES or (kv != "full" and not use_cache):
         raise UserError(f"kv must be one of {', '.join(KV_POLICIES)}" + (", with use_cache=True" if kv in KV_POLICIES
                         else "") + f", got kv={kv!r}" + ("" if use_cache else " and use_cache=False"))
-    if compile and not use_cache:
-        raise UserError("compile=True decodes against the fixed-shape cache: leave use_cache=True")
+    if (compile or draft_depth) and (not use_cache or kv != "full"):
+        raise UserError("compile=True and draft_depth decode against the exact cache: use_cache=True, kv=full")
     if num_samples < 1 or max_new_tokens < 0:
         raise UserError("num_samples must be >= 1 and max_new_tokens >= 0")
     dev = usable_device(device)
@@ -84,6 +86,7 @@ def main():
                         f"{meta['vocab_size']}")
     encode, decode = get_codec(meta)   # UserError: the GPT-2 tokenizer's package is missing
     cache_slots(model, kv)   # UserError: a recurrence's policy asked of a Transformer
+    check_draft(model, draft_depth, draft_tokens) if draft_depth else None   # and a draft depth
     del checkpoint
     model.eval().to(dev, DTYPES[precision])   # the weights in the run's dtype (bfloat16 on CUDA): half the bytes read
     if compile:   # one graph per shape: the prompt's prefill, then every token's step (a graph break is an error)
@@ -104,7 +107,8 @@ def main():
         for _ in range(num_samples):
             t0, pending, t1 = time.time(), [], None
             sys.stdout.write(decode(ids))
-            for t in stream(model, x, max_new_tokens, temperature, top_k or None, use_cache, kv, static=compile):
+            for t in stream(model, x, max_new_tokens, temperature, top_k or None, use_cache, kv, compile, draft_depth,
+                            draft_tokens):
                 pending.append(t[0, 0].item())
                 t1 = t1 or time.time()
                 text = decode(pending)   # a token may end inside a character (BPE splits bytes): it decodes as
@@ -114,8 +118,9 @@ def main():
             print(decode(pending), flush=True)
             n, t2 = max_new_tokens, time.time()   # the first token carries the prefill and a first call's warm-up
             then = f"; after the first, {(n - 1) / max(t2 - t1, 1e-9):.1f} tok/s" if n > 1 else ""
-            print(f"--------------- ({n} tokens in {t2 - t0:.2f} s, {n / max(t2 - t0, 1e-9):.1f} tok/s{then}; "
-                  f"{f'cached, kv={kv}' if use_cache else 'full recompute'}{', compiled' * compile})", file=sys.stderr)
+            how = f"cached, kv={kv}" if use_cache else "full recompute"
+            print(f"--------------- ({n} tokens in {t2 - t0:.2f} s, {n / max(t2 - t0, 1e-9):.1f} tok/s{then}; {how}"
+                  f"{', compiled' * compile}{f', drafted at depth {draft_depth}' * bool(draft_depth)})", file=sys.stderr)
     except KeyboardInterrupt:   # what was printed stays printed
         print(flush=True)
         n = signals.received[0] if signals.received else signal.SIGINT

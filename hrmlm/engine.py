@@ -180,15 +180,36 @@ def position(cache, pos, t=1):
     return cache.at
 
 
+def probs(logits, temperature, top_k):
+    """The distribution a token is drawn from (B, vocab): softmax(logits / temperature) over the top_k logits."""
+    logits = logits.float() / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))   # no boolean index, no host index:
+        logits = logits.masked_fill(logits < v[:, -1:], -float("inf"))   # nothing waits for the GPU
+    return F.softmax(logits, dim=-1)
+
+
+def draw(logits, temperature, top_k):
+    """The next token (B, 1): the argmax at temperature 0, else a draw from probs()."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    return torch.multinomial(probs(logits, temperature, top_k), num_samples=1)
+
+
 @torch.no_grad()
-def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full", static=False):
+def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full", static=False,
+           draft_depth=0, draft_tokens=4, stats=None):
     """Sample max_new_tokens after idx (B, t) as nanoGPT does, yielding each token (B, 1) as it is drawn;
     temperature=0 is greedy. A context that outgrows block_size is cropped, which moves every position: the cache
-    is rebuilt from it, each token then costs a full forward, and the output stays use_cache=False's."""
+    is rebuilt from it, each token then costs a full forward, and the output stays use_cache=False's.
+    draft_depth > 0: self-speculative decoding (speculate()), the same tokens (greedy) or distribution (sampled)."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if draft_depth:
+        yield from speculate(model, idx, max_new_tokens, temperature, top_k, draft_depth, draft_tokens, stats)
+        return
     bs = model.config.block_size
     cache = new_cache(model, idx.size(0), idx.size(1) + max_new_tokens, kv=kv, static=static) if use_cache else None
     next_input, pos = idx[:, -bs:], 0  # what the next forward must process, and its first position
@@ -198,20 +219,82 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=Tr
         with sdpa_kernel(DECODE_ATTENTION):   # per forward: the caller runs between tokens with its own
             logits, _ = model(next_input, cache=cache, pos=position(cache, pos, next_input.size(1)), last_only=True)
         pos += next_input.size(1)
-        logits = logits[:, -1, :].float()
-        if temperature == 0:
-            idx_next = logits.argmax(dim=-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))   # no boolean index, no host index:
-                logits = logits.masked_fill(logits < v[:, -1:], -float("inf"))   # nothing waits for the GPU
-            idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+        idx_next = draw(logits[:, -1, :], temperature, top_k)
         idx = torch.cat((idx, idx_next), dim=1)
         next_input = idx_next
         yield idx_next
 
 
-def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full", static=False):
+def check_draft(model, draft_depth, draft_tokens, batch_size=1):
+    """A UserError where speculate() cannot draft: a Transformer (no shallower self), a depth not below the
+    trained one, no token to draft, or more than one sequence."""
+    c = model.trained_config
+    full = c.N if c.arch == "hrm" else c.M
+    if c.arch == "transformer":
+        raise UserError("draft_depth: a Transformer has no shallower self (its blocks have their own weights)")
+    if not 1 <= draft_depth < full or draft_tokens < 1 or batch_size != 1:
+        raise UserError(f"draft_depth must be 1..{full - 1} (below the trained depth {full}) and draft_tokens >= 1, "
+                        f"for one sequence; got {draft_depth}, {draft_tokens}" + f", batch {batch_size}" * (
+                            batch_size != 1))
+
+
+def speculate(model, idx, max_new_tokens, temperature=1.0, top_k=None, draft_depth=1, draft_tokens=4, stats=None):
+    """Self-speculative decoding (docs/MODEL.md section 5), one sequence: the model at draft_depth (HRM: Slow
+    firings, T kept; UniTF: steps) drafts up to draft_tokens tokens against the one exact cache, whose slots of the
+    steps it runs are the full depth's own; the full depth then checks them in one forward of those positions and
+    keeps the longest prefix it agrees with, plus its own next token. Greedy: stream()'s tokens; sampled: the
+    speculative acceptance rule (accept()) keeps the full model's distribution. Rejected positions are not undone:
+    the next forward writes over them (attention reads up to its own position). stats: verifications, drafted and
+    accepted tokens are added to it."""
+    check_draft(model, draft_depth, draft_tokens, idx.size(0))
+    bs, stats = model.config.block_size, {} if stats is None else stats
+    cache, out = new_cache(model, 1, bs), idx[:, -bs:]
+    with sdpa_kernel(DECODE_ATTENTION):
+        logits, _ = model(out, cache=cache, pos=0, last_only=True)
+    pos, nxt, left = out.size(1), draw(logits[:, -1], temperature, top_k), max_new_tokens
+    while left > 1 and pos < bs:   # nxt: drawn, not yet in the cache; the check's k + 1 positions fit from pos
+        k, drafted, qs = min(draft_tokens, left - 1, bs - pos - 1), [], []
+        with sdpa_kernel(DECODE_ATTENTION):
+            model.set_depth(draft_depth)
+            try:
+                for j in range(k):
+                    logits, _ = model(drafted[-1] if drafted else nxt, cache=cache, pos=pos + j, last_only=True)
+                    qs.append(None if temperature == 0 else probs(logits[:, -1], temperature, top_k))
+                    drafted.append(draw(logits[:, -1], temperature, top_k) if qs[-1] is None else
+                                   torch.multinomial(qs[-1], num_samples=1))
+            finally:
+                model.set_depth(None)
+            logits, _ = model(torch.cat([nxt, *drafted], dim=1), cache=cache, pos=pos)   # the check, full depth
+        m, fix = accept(logits[0], drafted, qs, temperature, top_k)
+        yield from (kept := [nxt, *drafted[:m]])
+        out, left, pos, nxt = torch.cat([out, *kept], dim=1), left - m - 1, pos + m + 1, fix
+        for key, n in (("verifies", 1), ("drafted", k), ("accepted", m)):
+            stats[key] = stats.get(key, 0) + n
+    if left:   # one token left, or the cache is full: the rest as stream() makes it (cropped: a forward per token)
+        yield nxt
+        if left > 1:
+            yield from stream(model, torch.cat([out, nxt], dim=1), left - 1, temperature, top_k)
+
+
+def accept(logits, drafted, qs, temperature, top_k):
+    """(how many drafted tokens the full depth keeps, its own next token (1, 1)) from its logits (k + 1, vocab) at the
+    drafted positions. Greedy: the drafts that are its argmax. Sampled (Leviathan et al.; Chen et al.): draft x of q
+    is kept with probability min(1, p(x) / q(x)); the first one refused is replaced by a draw from max(p - q, 0)
+    normalised, and after k kept the next is drawn from p: every token is distributed as p, the full model's."""
+    for j, x in enumerate(drafted):
+        if temperature == 0:
+            if logits[j].argmax() != x[0, 0]:
+                return j, logits[j].argmax().view(1, 1)
+            continue
+        p = probs(logits[j:j + 1], temperature, top_k)[0]
+        q = qs[j][0]
+        if torch.rand(()) * q[x[0, 0]] > p[x[0, 0]]:   # refused: u > p(x) / q(x)
+            return j, torch.multinomial((p - q).clamp_min(0) + 1e-20 * (p > 0), num_samples=1).view(1, 1)
+    return len(drafted), draw(logits[-1:], temperature, top_k)
+
+
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, kv="full", static=False,
+             draft_depth=0, draft_tokens=4, stats=None):
     """idx (B, t) followed by max_new_tokens sampled tokens (see stream)."""
-    return torch.cat([idx, *stream(model, idx, max_new_tokens, temperature, top_k, use_cache, kv, static)], dim=1)
+    return torch.cat([idx, *stream(model, idx, max_new_tokens, temperature, top_k, use_cache, kv, static,
+                                   draft_depth, draft_tokens, stats)], dim=1)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from hrmlm import engine
 from hrmlm.checkpoint import load_checkpoint, model_from_checkpoint
+from hrmlm.signals import UserError
 from conftest import ENV, ROOT, V, char_tiny, error_in_process, in_process, make, one_error_line, run_script, run_train, tiny
 from model import build_model
 
@@ -372,6 +373,49 @@ def test_pre_norm_and_fast_only_causality_and_cache(cfg):
     assert cache.k.shape[0] == apps == engine.n_cache_apps(m)
 
 
+# --- self-speculative decoding: the model at a shallower depth drafts, the trained depth checks ---------------------
+
+@pytest.mark.parametrize("arch,kw", [("hrm", dict(N=3, T=2)), ("hrm", dict(N=3, T=2, S=2)), ("unitf", dict(M=4))])
+def test_self_speculative_greedy_is_plain_greedy(arch, kw):
+    """Token for token, at every draft depth below the trained one and several draft lengths, past block_size (the
+    cropped rest is stream()'s); the drafts are both kept and refused, so both paths run."""
+    m = make(tiny(arch, vocab_size=13, block_size=24, **kw), scale=3.0).eval()
+    idx = torch.randint(0, 13, (1, 5), generator=torch.Generator().manual_seed(1))
+    plain, seen = engine.generate(m, idx, 40, temperature=0), {"drafted": 0, "accepted": 0}
+    for d in range(1, kw.get("N", kw.get("M"))):
+        for k in (1, 3, 8):
+            stats = {}
+            assert torch.equal(engine.generate(m, idx, 40, temperature=0, draft_depth=d, draft_tokens=k, stats=stats),
+                               plain), (d, k, stats)
+            seen = {key: seen[key] + stats[key] for key in seen}
+    assert 0 < seen["accepted"] < seen["drafted"], seen
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, None), (0.7, 3)])
+def test_speculative_acceptance_keeps_the_full_distribution(temperature, top_k):
+    """The acceptance rule alone: a draft x ~ q kept with probability min(1, p(x)/q(x)), else a draw from
+    max(p - q, 0): over 20,000 draws each token comes out as often as p says (chi-square, p > 0.001; seeded)."""
+    from scipy import stats
+    g = torch.Generator().manual_seed(0)
+    p_logits, bonus, q_logits = (torch.randn(1, 6, generator=g) * 2 for _ in range(3))
+    q, p = engine.probs(q_logits, temperature, top_k), engine.probs(p_logits, temperature, top_k)[0]
+    torch.manual_seed(0)
+    counts = torch.zeros(6)
+    for _ in range(20_000):
+        x = torch.multinomial(q, 1)
+        kept, fix = engine.accept(torch.cat([p_logits, bonus]), [x], [q], temperature, top_k)
+        counts[(x if kept else fix)[0, 0]] += 1
+    support = p > 0
+    assert counts[~support].sum() == 0   # top_k: nothing outside the full model's top k
+    assert stats.chisquare(counts[support], 20_000 * p[support] / p[support].sum()).pvalue > 1e-3, (counts, p)
+
+
+def test_a_transformer_has_no_draft_depth():
+    m = make(tiny("transformer", n_layer=2)).eval()
+    with pytest.raises(UserError, match="a Transformer has no shallower self"):
+        engine.generate(m, torch.zeros(1, 2, dtype=torch.long), 4, temperature=0, draft_depth=1)
+
+
 # --- sample.py on a tiny checkpoint: text out, greedy identical with and without the cache -----------
 
 @pytest.fixture(scope="module")
@@ -401,6 +445,9 @@ def test_greedy_identical_with_and_without_cache(ckpt_dir):
     assert c.returncode == 0 and c.stdout.startswith("ROMEO:") and "cached, kv=fired" in c.stderr, c.stderr
     d = sample(*common, "--ckpt=ckpt_last.dcp")   # the resume state (its newest folder): here the same iteration 20
     assert d.returncode == 0 and d.stdout == a.stdout, d.stderr
+    for k in (1, 4):   # self-speculative: drafted at one Slow firing of the trained two, the same text
+        e = sample(*common, "--draft_depth=1", f"--draft_tokens={k}")
+        assert e.returncode == 0 and e.stdout == a.stdout and "drafted at depth 1" in e.stderr, e.stderr
 
 
 def test_decoding_attends_without_cudnn_and_changes_nothing_global(ckpt_dir, monkeypatch):
@@ -448,7 +495,9 @@ def test_long_prompt_is_cropped_with_a_note(ckpt_dir, tmp_path):
     (["--tempreature=1"], "unknown config key 'tempreature'"),
     (["--kv=lst"], "kv must be one of full, last, fired, got kv='lst'"),
     (["--kv=last", "--use_cache=False"], "with use_cache=True, got kv='last' and use_cache=False"),
-    (["--compile=True", "--use_cache=False"], "compile=True decodes against the fixed-shape cache"),
+    (["--compile=True", "--use_cache=False"], "compile=True and draft_depth decode against the exact cache"),
+    (["--draft_depth=1", "--kv=last"], "compile=True and draft_depth decode against the exact cache"),
+    (["--draft_depth=2"], "draft_depth must be 1..1 (below the trained depth 2)"),
 ])
 def test_sample_bad_input_is_one_line(ckpt_dir, args, msg):
     if args[0] in ("--out_dir=/nonexistent", "--tempreature=1"):   # the real entry point: exit status, no traceback
