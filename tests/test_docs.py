@@ -294,8 +294,9 @@ def test_the_root_holds_six_scripts_and_hrmlm_imports_have_no_circle():
 
 def test_size_aims_that_hold():
     """DEVELOPERS' size aims: model.py <= 450 lines, train.py <= 360, the root's Python plus the package <= 3,000,
-    tools/ <= 1,200, README <= 15 KB. experiments/' aim, 2,400, is not met (issue 63: 3,037 cut to 2,620 in three
-    layers, every table the same); a ratchet at 2,620 keeps it from growing back unnoticed."""
+    tools/ <= 1,200, README <= 15 KB. experiments/' aim, 2,400, is not met (issue 63: 3,037 cut to 2,536 in three
+    layers, every table the same; then issue 64's crossover study, 279): a ratchet at 2,815 keeps it from growing
+    back unnoticed."""
     def count(*paths):
         return sum(sum(1 for _ in open(os.path.join(ROOT, f))) for f in paths)
     assert count("model.py") <= 450 and count("train.py") <= 360, (count("model.py"), count("train.py"))
@@ -303,7 +304,7 @@ def test_size_aims_that_hold():
     core = [f for f in py if "/" not in f or f.startswith("hrmlm/")]
     assert count(*core) <= 3_000, count(*core)
     assert count(*[f for f in py if f.startswith("tools/")]) <= 1_200
-    assert count(*[f for f in py if f.startswith("experiments/")]) <= 2_620
+    assert count(*[f for f in py if f.startswith("experiments/")]) <= 2_815
     assert os.path.getsize(os.path.join(ROOT, "README.md")) <= 15_000
 
 
