@@ -18,13 +18,13 @@ class UserError(ValueError):
         self.status = status
 
 
-def install(handler):
+def install(handler):   # for each stop signal; nohup's ignored SIGHUP stays ignored
     for s in STOP_SIGNALS:
-        if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN:   # nohup's ignored SIGHUP stays ignored
-            signal.signal(s, handler)
+        signal.signal(s, handler) if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN else None
 
 
 def leave(prog, note="", speak=True):   # the line, and out at once (os._exit: nothing on the way can raise or block)
+    install(signal.SIG_IGN)   # one line: a signal now cannot start another
     n = received[0] if received else signal.SIGINT   # a KeyboardInterrupt without a signal: a Ctrl-C all the same
     then = f" (then by {signal.Signals(received[1]).name})" if len(received) > 1 else ""
     sys.stdout.flush()   # stderr is line-buffered: its line is out before the exit
@@ -47,14 +47,17 @@ def main(fn, prog=None, note=""):
 
     def on_signal(n, frame):
         received.append(n)
-        leave(prog, note) if len(received) > 1 else None
+        if received[1:]:   # a repeat waits while an exception is handled (a `finally` cleaning up); with none, a
+            return None if sys.exc_info()[0] else leave(prog, note)   # library swallowed the first: out at once
         raise KeyboardInterrupt
     install(on_signal)
     try:
-        fn()
-    except KeyboardInterrupt:
+        try:
+            fn()
+        finally:
+            install(signal.SIG_IGN)   # done or stopped: a signal now changes nothing
+    except KeyboardInterrupt:   # also one that lands as fn returns or raises, before SIG_IGN
         leave(prog, note)
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.status)
-    install(signal.SIG_IGN)   # the work is done: a signal now changes nothing

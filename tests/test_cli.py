@@ -206,7 +206,8 @@ def test_a_signal_inside_an_import_leaves_at_once(tmp_path):
 
 def test_a_second_signal_ends_a_script_whose_library_swallows_the_first():
     """Under signals.main a signal raises KeyboardInterrupt, which a library may swallow (here: it retries each
-    second); a second signal ends the script at once all the same, with one line naming both."""
+    second); a second signal, with no exception in hand (no cleanup running), ends the script at once all the same,
+    with one line naming both."""
     code = ("import os, signal, threading, time; from hrmlm import signals\n"
             "def send():\n    time.sleep(0.2); os.kill(os.getpid(), signal.SIGTERM); time.sleep(2.0)\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -237,3 +238,53 @@ def test_bench_stopped_leaves_no_worker(world):
         "bench.py: error: interrupted by SIGTERM", err
     time.sleep(0.5)
     assert not os.path.exists(f"/proc/{worker}") or "zombie" in open(f"/proc/{worker}/status").read().lower()
+
+
+# --- a repeated signal, and a signal after the work or with its line (hrmlm/signals.main) --------------------------
+
+def run_c(code, **kw):
+    """python -c code in the repository: the finished process."""
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60,
+                          **kw)
+
+
+def test_a_repeated_signal_waits_for_the_cleanup():
+    """The first signal raises KeyboardInterrupt; a second during the `finally` it runs waits for it (it once quit at
+    once, leaving what the cleanup was removing); then one line, naming both, and 128 + the first's number."""
+    proc = run_c("import os, signal, time; from hrmlm import signals\n"
+                 "def work():\n    try:\n        os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
+                 "    finally:\n        os.kill(os.getpid(), signal.SIGINT)\n"
+                 "        for _ in range(50):\n            time.sleep(0.01)\n        print('cleaned up')\n"
+                 "signals.main(work, 'w')\n")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (128 + signal.SIGTERM, "cleaned up\n",
+                                                           "w: error: interrupted by SIGTERM (then by SIGINT)\n")
+
+
+def test_a_signal_after_the_work_or_with_its_error_line_changes_nothing():
+    """After signals.main's work a signal changes nothing (here: during the interpreter's exit); one that lands while
+    a UserError's line is printed leaves that line alone (it was once a KeyboardInterrupt traceback), and one while a
+    signal's line is printed adds no second line."""
+    done = run_c("import atexit, os, signal, time; from hrmlm import signals\n"
+                 "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.3)))\n"
+                 "signals.main(lambda: print('done'), 'w')\n")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
+    said = run_c("import os, signal; from hrmlm import signals\n"
+                 "class Late(signals.UserError):\n"
+                 "    def __str__(self):\n        os.kill(os.getpid(), signal.SIGINT); return 'bad input'\n"
+                 "def work():\n    raise Late('')\n"
+                 "signals.main(work, 'w')\n")
+    assert (said.returncode, said.stderr) == (2, "w: error: bad input\n")
+    stopping = run_c("import os, signal, sys; from hrmlm import signals\n"   # a second as the first one's line goes
+                     "class Err:\n    def write(self, s):\n        os.kill(os.getpid(), signal.SIGINT)\n"
+                     "        return sys.__stderr__.write(s)\n    def flush(self):\n        sys.__stderr__.flush()\n"
+                     "signals.guard('w'); sys.stderr = Err(); os.kill(os.getpid(), signal.SIGTERM)\n")
+    assert (stopping.returncode, stopping.stderr) == (128 + signal.SIGTERM, "w: error: interrupted by SIGTERM\n")
+
+
+def test_an_ignored_sighup_stays_ignored():
+    """Under nohup (SIGHUP ignored) neither guard() nor main() takes SIGHUP over: the work runs on through one."""
+    proc = run_c("import os, signal, time; from hrmlm import signals\n"
+                 "signal.signal(signal.SIGHUP, signal.SIG_IGN); signals.guard('w')\n"
+                 "def work():\n    os.kill(os.getpid(), signal.SIGHUP); time.sleep(0.2); print('ran on')\n"
+                 "signals.main(work, 'w')\n")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "ran on\n", "")

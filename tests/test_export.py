@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ENV, ROOT, one_error_line, run_script
+from conftest import ENV, ROOT, one_error_line, patched, run_script
 from hrmlm.checkpoint import load_checkpoint, save_checkpoint
 from hrmlm.signals import UserError
 from model import ModelConfig, build_model
@@ -280,3 +280,35 @@ def test_failed_write_is_one_line_and_leaves_nothing(exported, tmp_path, monkeyp
     line = import_refused(exported["hrm"], tmp_path / "back", code)
     assert line == (f"export_hf.py: error: cannot write {tmp_path / 'back'}: No space left on device; nothing was "
                     f"written" if code == 1 else "export_hf.py: error: interrupted by SIGINT"), line
+
+
+# a SIGTERM as the work writes its first file, then a second one in the cleanup the first's KeyboardInterrupt runs
+SIGNALS_IN_CLEANUP = """
+import os, shutil, signal, time, torch
+sent = []
+def kill_and_wait():   # a SIGTERM, and a second for its handler to run (between two short sleeps)
+    sent.append(signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(100):
+        time.sleep(0.01)
+def first(write):
+    return lambda *args, **kwargs: (write(*args, **kwargs), kill_and_wait())
+shutil.copy, torch.save, _rmtree = first(shutil.copy), first(torch.save), shutil.rmtree
+def rmtree(path, *args, **kwargs):   # the cleanup: the second signal lands before it removes anything
+    kill_and_wait() if sent else None
+    return _rmtree(path, *args, **kwargs)
+shutil.rmtree = rmtree
+"""
+
+
+@pytest.mark.parametrize("way", ["export", "import"])
+def test_a_second_signal_waits_for_the_cleanup(exported, tmp_path, way):
+    """SIGTERM while export_hf.py writes its folder (export) or ckpt.pt (--from_hf), and again while the first's
+    KeyboardInterrupt removes the temporary folder: the removal finishes (the second once quit at once and left
+    DEST.tmp behind), then one line naming both, and 143."""
+    src = [f"--out_dir={make_run(tmp_path / 'run', 'hrm')}"] if way == "export" else [f"--from_hf={exported['hrm']}"]
+    cmd = patched(SIGNALS_IN_CLEANUP, tmp_path, [sys.executable, os.path.join(ROOT, "tools", "export_hf.py"), *src,
+                                                 f"--to={tmp_path / 'dest'}"])
+    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert (p.returncode, p.stderr) == (143, "export_hf.py: error: interrupted by SIGTERM (then by SIGTERM)\n"), p.stderr
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("dest")], os.listdir(tmp_path)

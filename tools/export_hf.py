@@ -150,7 +150,7 @@ def export(out_dir, path, to, data_dir=None):
         write_eval_task(ck, meta, tmp, to, data_dir)
         (tmp / "README.md").write_text(card(ck, os.path.abspath(out_dir)))
         os.replace(tmp, to)
-    finally:
+    finally:   # also on a signal (KeyboardInterrupt); a second one waits for it (signals.main)
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {to}/ ({a['arch']}, {model.num_params():,} parameters, from {path})")
 
