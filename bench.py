@@ -21,19 +21,19 @@ Each phase of each model runs in a fresh process: on the CPU its peak resident m
 Model weights are random: latency and memory do not depend on their values.
 """
 
-import argparse
-import json
-import os
-import re
-import statistics
-import subprocess
-import sys
-import time
-
 from hrmlm import signals
 
-if __name__ == "__main__":   # before torch's import (seconds): a signal is one line, at once
+if __name__ == "__main__":   # first of all (torch takes seconds to import): a signal is one line, at once
     signals.guard("bench.py")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
 
 import torch  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402

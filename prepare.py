@@ -11,20 +11,20 @@ The plays ship as Markdown and become plain play text ("ROMEO:" speaker lines), 
 dataset is published whole or not at all: written into data/<dataset>.tmp.<pid> and swapped into place at the end,
 so a crash or Ctrl-C leaves the previous dataset as it was, never a train.bin of one run beside a val.bin of another.
 """
-import argparse
-import hashlib
-import json
-import os
-import re
-import shutil
-import sys
-from contextlib import contextmanager
-
 from hrmlm import signals
 
 NOTHING = " before any work; nothing was written"   # a stop's line, until the work starts
-if __name__ == "__main__":   # before numpy's and torch's imports, which take seconds: a signal is one line, at once
+if __name__ == "__main__":   # first of all (numpy and torch take seconds to import): a signal is one line, at once
     signals.guard("prepare.py", NOTHING)
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402

@@ -1,6 +1,6 @@
 """How a script stops: on bad input a UserError, raised where it is found, is one line '<prog>: error: <what>' and
 exit status 2 at its entry point; on SIGINT, SIGTERM or SIGHUP one line and 128 + n. The standard library only:
-guard() before the heavy imports (a signal raised through torch's import can abort), then main(); train.py: a flag."""
+guard() first thing (a signal raised through torch's import can abort), then main(); train.py: a flag."""
 
 import os
 import signal

@@ -22,20 +22,21 @@ for HRM with N' = f N Slow firings (T kept) and with T' = f T Fast steps per fir
 with M' = f M steps; val CE for each.
 """
 
-import argparse
-import json
 import os
 import sys
-import time
-from contextlib import contextmanager, nullcontext
-from dataclasses import replace
-from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root: model.py, hrmlm/
 from hrmlm import signals  # noqa: E402
 
-if __name__ == "__main__":   # before torch's import (seconds): a signal is one line, at once
+if __name__ == "__main__":   # first of all (torch takes seconds to import): a signal is one line, at once
     signals.guard("analyze.py")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from contextlib import contextmanager, nullcontext  # noqa: E402
+from dataclasses import replace  # noqa: E402
+from unittest import mock  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

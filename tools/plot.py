@@ -9,16 +9,17 @@ logarithmic, so iteration 0 (about ln V) stays on it, and a dotted line marks th
 dataset the runs trained on, labelled with its name: what a model that knows only token frequencies scores.
 """
 
-import argparse
-import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root: model.py, hrmlm/
 from hrmlm import signals  # noqa: E402
 
-if __name__ == "__main__":   # before torch's and matplotlib's imports (seconds): a signal is one line, at once
+if __name__ == "__main__":   # first of all (matplotlib and torch take seconds to import): a signal is one line
     signals.guard("plot.py")
+
+import argparse  # noqa: E402
+import math  # noqa: E402
 
 import matplotlib.ticker  # noqa: E402
 from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
