@@ -39,7 +39,7 @@ import torch  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from hrmlm import engine  # noqa: E402
+from hrmlm import common, engine  # noqa: E402
 from hrmlm.common import (DTYPES, HelpFormatter, UserError, check_output_path, counted_train_flops,  # noqa: E402
                           datasheet_tflops, measure_peak_tflops, precision_context, train_flops, usable_device)
 from model import ModelConfig, build_model  # noqa: E402
@@ -391,8 +391,7 @@ def main(argv=None):
     if not args.profile:
         show_table(results, time.time() - t_all)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        common.write_result(args.json, lambda f: json.dump(results, f, indent=1))   # whole or not at all
         if not args.profile:
             print(f"wrote {args.json}")
 

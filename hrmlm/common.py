@@ -15,7 +15,7 @@ import torch
 from torch.utils.benchmark import Timer
 from torch.utils.flop_counter import FlopCounterMode
 
-from hrmlm.signals import UserError
+from hrmlm.signals import IO_ERROR, UserError
 from model import build_model, fast_attn_schedule
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -113,6 +113,15 @@ def atomic_write(path, mode="w"):
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def write_result(path, write, mode="w"):
+    """A script's result (--out, --json) by write(f), whole or not at all; a full disk is one line, exit status 1."""
+    try:
+        with atomic_write(path, mode) as f:
+            write(f)
+    except OSError as e:   # atomic_write has removed its temporary
+        raise UserError(f"cannot write {path}: {e.strerror or e}; it was left as it was", IO_ERROR) from None
 
 
 def one_line(e, limit=300):

@@ -3,6 +3,8 @@
 (train.py's own bad input is in test_checkpoints.py and test_training.py.)"""
 
 import ast
+import errno
+import json
 import os
 import re
 import signal
@@ -378,3 +380,36 @@ def test_a_signal_after_train_py_is_done_changes_nothing(data_dir, tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and not err.strip(), err
+
+
+# --- result files: whole or not at all ---------------------------------------------------------------------------
+
+WRITERS = {   # script, its arguments writing {dest}, the file's name
+    "plot": ("tools/plot.py", ["{ckpt}", "--out={dest}"], "c.png"),
+    "analyze": ("tools/analyze.py", ["--out_dir={ckpt}", "--batches=1", "--json={dest}"], "a.json"),
+    "bench": ("bench.py", ["--preset=tiny", "--models=tf_l2", "--profile", "--json={dest}"], "b.json"),
+}
+
+
+@pytest.mark.parametrize("writer,fault", [(w, "full") for w in WRITERS] + [("plot", "signal"), ("analyze", "signal")])
+def test_a_failed_write_leaves_the_previous_result_whole(world, tmp_path, monkeypatch, writer, fault):
+    """The result's last step fails: a full disk (fsync's ENOSPC, as a delayed write reports it) is one line and exit
+    status 1, a signal its line and 128 + n; the previous file stays as it was and no temporary is left beside it
+    (the file was once written in place: left at 0 bytes)."""
+    script, args, name = WRITERS[writer]
+    dest = tmp_path / name
+    dest.write_bytes(b"the previous result")
+
+    def failing(fd):
+        raise OSError(errno.ENOSPC, "No space left on device") if fault == "full" else KeyboardInterrupt
+    monkeypatch.setattr(os, "fsync", failing)
+    if writer == "bench":   # its worker's result, as printed (a worker's seconds are not what this is about)
+        row = dict(step_ms=1.0, floor_ms=0.5, steps=1, clock="CPU", profiled_ms=1.0, ops=1, mm_ms=0.5, mm_floor_ms=0.5,
+                   top=[])
+        monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, json.dumps(row)))
+    p = in_process(script, *[a.format(**world[0], dest=dest) for a in args])
+    line = (p.stderr.strip().splitlines() or [""])[-1]
+    assert (p.returncode, line) == ((1, f"{os.path.basename(script)}: error: cannot write {dest}: No space left on "
+                                     f"device; it was left as it was") if fault == "full" else
+                                    (130, f"{os.path.basename(script)}: error: interrupted by SIGINT")), p.stderr
+    assert os.listdir(tmp_path) == [name] and dest.read_bytes() == b"the previous result"

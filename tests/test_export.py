@@ -282,6 +282,22 @@ def test_failed_write_is_one_line_and_leaves_nothing(exported, tmp_path, monkeyp
                     f"written" if code == 1 else "export_hf.py: error: interrupted by SIGINT"), line
 
 
+def test_a_full_disk_during_export_is_one_line_and_leaves_nothing(hf, tmp_path, monkeypatch):
+    """model.safetensors cannot be written (safetensors says a full disk in its own error): one line, exit status 1,
+    and neither --to nor its temporary folder (it was a traceback)."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    monkeypatch.setattr(safetensors.torch, "save_file", full)   # run_script runs the script in this process
+    run = make_run(tmp_path / "run", "hrm")
+    p = run_script("tools/export_hf.py", f"--out_dir={run}", f"--to={tmp_path / 'hf'}")
+    line = one_error_line(p, 1, "export_hf.py")
+    assert "cannot write" in line and "No space left on device" in line and "nothing was written" in line, line
+    assert os.listdir(tmp_path) == ["run"]
+
+
 # a SIGTERM as the work writes its first file, then a second one in the cleanup the first's KeyboardInterrupt runs
 SIGNALS_IN_CLEANUP = """
 import os, shutil, signal, time, torch

@@ -44,7 +44,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from hrmlm import engine  # noqa: E402
 from hrmlm.checkpoint import CKPT_BEST, load_checkpoint, model_from_checkpoint  # noqa: E402
-from hrmlm.common import HelpFormatter, UserError, check_dataset, usable_device  # noqa: E402
+from hrmlm.common import (HelpFormatter, UserError, check_dataset, check_output_path, usable_device,  # noqa: E402
+                          write_result)
 from model import build_model  # noqa: E402
 
 
@@ -247,10 +248,7 @@ def main(argv=None):
             raise UserError(f"--{key} must be >= 1, got {getattr(args, key)}")
     args.device = usable_device(args.device)
     if args.json:   # a missing folder would lose the results at the very end
-        folder = os.path.dirname(os.path.abspath(args.json))
-        if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise UserError(f"--json {args.json!r} cannot be written: " + ("it is a folder" if os.path.isdir(args.json)
-                            else f"the folder {os.path.dirname(args.json)!r} does not exist or is not writable"))
+        check_output_path(args.json, "--json")
     table = policies or factors   # the row analyses of a recurrence: a table, and the rows as --json
     if table:
         model, ck = load(args.out_dir, args.ckpt, args.device, ("hrm", "unitf"), "cache policies are a recurrence's"
@@ -307,8 +305,7 @@ def main(argv=None):
         out = {"model_args": ck["model_args"], "iter": ck["iter_num"], "rows": rows} if table else \
             {"model": name, "model_args": ck["model_args"], "iter": ck["iter_num"], "tokens": n_tok, "ce": ce,
              "ce_h_frozen": ce_frozen, "delta_ce": ce_frozen - ce, "steps": rows, "fusion": fusion, "alive": live}
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        write_result(args.json, lambda f: json.dump(out, f, indent=1))   # whole or not at all
         print(f"wrote {args.json}")
     return rows
 

@@ -116,14 +116,15 @@ Trained with (settings as saved in the checkpoint):
 
 
 def export(out_dir, path, to, data_dir=None):
+    from safetensors import SafetensorError
     from safetensors.torch import save_file   # optional (requirements-hf.txt): main checked it is there
     ck = load_checkpoint(path)
     model = model_from_checkpoint(ck, path)   # an FSDP run's ckpt_last.dcp too: its shards read whole
     a = ck["model_args"]
     tmp = Path(to.rstrip("/") + ".tmp")   # renamed to `to` once whole
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)   # --to=runs/exports/x: its parents too
     try:
+        tmp.mkdir(parents=True)   # --to=runs/exports/x: its parents too
         shutil.copy(os.path.join(ROOT, "model.py"), tmp)
         shutil.copy(os.path.join(HF, "modeling_hrmlm.py"), tmp)
         (tmp / "config.json").write_text(json.dumps({
@@ -151,6 +152,8 @@ def export(out_dir, path, to, data_dir=None):
         write_eval_task(ck, meta, tmp, to, data_dir)
         (tmp / "README.md").write_text(card(ck, os.path.abspath(out_dir)))
         os.replace(tmp, to)
+    except (OSError, SafetensorError) as e:   # a full disk (safetensors' writer: its own error)
+        raise UserError(f"cannot write {to}: {reason(e)}; nothing was written", IO_ERROR) from None
     finally:   # also on a signal (KeyboardInterrupt); a second one waits for it (signals.main)
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {to}/ ({a['arch']}, {model.num_params():,} parameters, from {path})")

@@ -26,7 +26,7 @@ from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402   (no pyplot: no GUI backend, nothing global)
 
 from hrmlm.checkpoint import CKPT_BEST, LOG, read_info, read_log, resume_path  # noqa: E402
-from hrmlm.common import HelpFormatter, UserError, check_output_path, unigram_ce  # noqa: E402
+from hrmlm.common import HelpFormatter, UserError, check_output_path, unigram_ce, write_result  # noqa: E402
 
 
 def load_log(out_dir):
@@ -100,7 +100,7 @@ def main(argv=None):
     ax.set_title(args.title or f"{kind} CE: " + ", ".join(labels), fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out)
+    write_result(out, lambda f: fig.savefig(f, format=ext), "wb")   # whole or not at all: the old chart stays
     print(f"wrote {out}")
 
 
