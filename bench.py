@@ -335,8 +335,11 @@ def main(argv=None):
     ap.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_spec", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    threads = os.environ.get("BENCH_THREADS", str(torch.get_num_threads()))
+    if not threads.isdigit() or int(threads) < 1:
+        raise UserError(f"BENCH_THREADS={threads!r}: give the workers' torch threads, an integer >= 1")
     if args._worker:
-        torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
+        torch.set_num_threads(int(threads))
         print(json.dumps(worker(args._worker, json.loads(args._spec))))
         return
     if args.static_cache and not args.profile:

@@ -67,6 +67,10 @@ IN_PROCESS = [
     ("bench_kv_a_unitf_lacks", "bench", ["--preset=tiny", "--models=unitf_m12", "--kv=fired"],   # once measured "full"
      "--kv=fired does not apply to unitf_m12"),
     ("plot_missing_log", "plot", ["{missing}", "--out={tmp}/c.png"], "not found"),
+    ("analyze_depth_beyond_fast_attn", "analyze", ["--out_dir={fast_attn}", "--depth=0.5,1"],   # once a traceback
+     "--depth=0.5,1 asks for a depth this checkpoint cannot run (ModelConfig.fast_attn_steps"),
+    ("analyze_another_vocabulary", "analyze", ["--out_dir={ckpt}", "--data_dir={foreign}"],   # once an IndexError
+     "holds another vocabulary (gpt2, 60000 tokens) than the checkpoint's (50257 tokens)"),
 ]
 
 
@@ -84,6 +88,16 @@ def world(trained, tmp_path_factory):
     bad = {**ck, "model": dict(ck["model"])}
     bad["model"]["z_H0"] = torch.full_like(bad["model"]["z_H0"], float("nan"))
     save_ckpt(bad, os.path.join(p["nan"], "ckpt.pt"))
+
+    fast = {**ck, "model_args": {**ck["model_args"], "fast_attn_steps": 3}}   # 3 of M = 4 steps attend: same weights
+    p["fast_attn"] = str(tmp / "fast_attn")
+    os.makedirs(p["fast_attn"])
+    save_ckpt(fast, os.path.join(p["fast_attn"], "ckpt.pt"))
+    p["foreign"] = str(tmp / "foreign")   # a dataset of the run's name with token ids past its vocabulary
+    os.makedirs(tmp / "foreign" / "shakespeare")
+    for split in ("train", "val"):
+        (tmp / "foreign" / "shakespeare" / f"{split}.bin").write_bytes((59999).to_bytes(2, "little") * 200)
+    (tmp / "foreign" / "shakespeare" / "meta.json").write_text('{"vocab_size": 60000, "tokenizer": "gpt2"}')
 
     p["cfg_raises"] = str(tmp / "raises.py")
     (tmp / "raises.py").write_text("import math\nnum_samples = 1\ntemperature = 1 / 0\n")
@@ -413,3 +427,12 @@ def test_a_failed_write_leaves_the_previous_result_whole(world, tmp_path, monkey
                                      f"device; it was left as it was") if fault == "full" else
                                     (130, f"{os.path.basename(script)}: error: interrupted by SIGINT")), p.stderr
     assert os.listdir(tmp_path) == [name] and dest.read_bytes() == b"the previous result"
+
+
+# --- the tools' inputs: one line each ----------------------------------------------------------------------------
+
+def test_bench_threads_are_checked_with_the_other_settings(monkeypatch):
+    """BENCH_THREADS=0 (the workers' torch threads) is one line before any work, not a worker's nested traceback."""
+    monkeypatch.setenv("BENCH_THREADS", "0")
+    line = error_in_process("bench.py", "--preset=tiny", "--models=tf_l2", "--profile")
+    assert "BENCH_THREADS='0'" in line and ">= 1" in line, line

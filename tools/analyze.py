@@ -66,8 +66,13 @@ def depth_table(model, batches, device, factors):
     c, rows, hrm = model.config, [], model.config.arch == "hrm"
     variants = [(k, f) for k in ("N", "T") for f in factors if k == "N" or f != 1] if hrm else \
         [("M", f) for f in factors]
-    for what, f in variants:
-        cfg = replace(c, **{what: max(1, round(getattr(c, what) * f))}, **({"M": None} if hrm else {}))
+    try:   # every depth checked before any is run: fast_attn_steps beyond a smaller depth's M cannot be
+        cfgs = [(w, replace(c, **{w: max(1, round(getattr(c, w) * f))}, **({"M": None} if hrm else {})))
+                for w, f in variants]
+    except ValueError as e:
+        raise UserError(f"--depth={','.join(f'{f:g}' for f in factors)} asks for a depth this checkpoint cannot run "
+                        f"({e})") from None
+    for what, cfg in cfgs:
         m = build_model(cfg).to(next(model.parameters()).device).eval()
         m.load_state_dict(model.state_dict())
         rows.append({"varied": what, "N": m.config.N if hrm else None, "T": m.config.T if hrm else None,
@@ -117,10 +122,15 @@ def val_batches(ck, data_dir, n_batches, batch_size, block_size):
     cfg = ck.get("config") or {}   # train.py's defaults where a checkpoint does not say
     data_dir, dataset = data_dir or cfg.get("data_dir", "data"), cfg.get("dataset", "shakespeare")
     try:   # present, whole uint16 tokens, as meta.json says
-        check_dataset(data_dir, dataset)
+        meta = check_dataset(data_dir, dataset)
     except ValueError as e:
         raise UserError(f"{e} (or pass --data_dir)") from None
-    path = os.path.join(data_dir, dataset, "val.bin")
+    path, trained = os.path.join(data_dir, dataset, "val.bin"), ck.get("meta") or {}   # older checkpoints: none
+    vocab = lambda m: (m.get("tokenizer", "gpt2"), m.get("vocab_size"), m.get("chars"))  # noqa: E731
+    if meta["vocab_size"] > ck["model_args"]["vocab_size"] or trained and vocab(trained) != vocab(meta):
+        raise UserError(f"{os.path.dirname(path)} holds another vocabulary ({vocab(meta)[0]}, {meta['vocab_size']} "
+                        f"tokens) than the checkpoint's ({ck['model_args']['vocab_size']} tokens): pass --data_dir "
+                        f"with the dataset it was trained on")
     data = np.memmap(path, dtype=np.uint16, mode="r")
     if len(data) <= block_size + 1:
         raise UserError(f"{path} holds {len(data)} tokens, fewer than block_size {block_size}")
