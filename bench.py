@@ -33,6 +33,7 @@ import re  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
@@ -296,15 +297,22 @@ def worker(phase, spec):
 
 
 def run_worker(phase, spec):
-    """One phase in a fresh process. With spec["mem_env"], glibc hands every block of 64 KiB or more back
-    to the OS when it is freed, so that peak RSS counts live tensors, not heap fragmentation; that makes
-    large allocations slower, so timings come from processes without it."""
+    """One phase in a fresh process, which ends with this one (orphaned). With spec["mem_env"], glibc hands every
+    block of 64 KiB or more back to the OS when it is freed, so that peak RSS counts live tensors, not heap
+    fragmentation; that makes large allocations slower, so timings come from processes without it."""
+    spec = {**spec, "parent": os.getpid()}
     cmd = [sys.executable, os.path.abspath(__file__), f"--_worker={phase}", f"--_spec={json.dumps(spec)}"]
     env = dict(os.environ, **({"MALLOC_MMAP_THRESHOLD_": "65536"} if spec.get("mem_env") else {}))
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"{spec['model']} {phase} failed:\n{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def orphaned(parent):   # a worker's watch: its parent gone (SIGKILLed: nobody kills it or reads its result), it ends
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def default_preset(device):
@@ -339,8 +347,10 @@ def main(argv=None):
     if not threads.isdigit() or int(threads) < 1:
         raise UserError(f"BENCH_THREADS={threads!r}: give the workers' torch threads, an integer >= 1")
     if args._worker:
+        spec = json.loads(args._spec)
+        threading.Thread(target=orphaned, args=(spec.get("parent", os.getppid()),), daemon=True).start()
         torch.set_num_threads(int(threads))
-        print(json.dumps(worker(args._worker, json.loads(args._spec))))
+        print(json.dumps(worker(args._worker, spec)))
         return
     if args.static_cache and not args.profile:
         raise UserError("--static_cache measures the one-token step: add --profile (the table's generation uses the "

@@ -436,3 +436,41 @@ def test_bench_threads_are_checked_with_the_other_settings(monkeypatch):
     monkeypatch.setenv("BENCH_THREADS", "0")
     line = error_in_process("bench.py", "--preset=tiny", "--models=tf_l2", "--profile")
     assert "BENCH_THREADS='0'" in line and ">= 1" in line, line
+
+
+# --- bench.py's worker, tools/device_check.sh -------------------------------------------------------------------
+
+def test_bench_worker_ends_with_its_killed_parent(tmp_path):
+    """SIGKILL to bench.py as its worker starts (here one that would compile for a minute): nothing is left to kill the
+    worker, which ends by itself once it sees its parent gone (it once ran to its end, for nobody)."""
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench.py"), "--preset=tiny", "--models=tf_l2",
+                             "--compile"], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children = f"/proc/{proc.pid}/task/{proc.pid}/children"
+    wait_for(lambda: open(children).read().split(), 120, "bench.py's worker")
+    worker = int(open(children).read().split()[0])
+    proc.kill()
+    proc.wait(timeout=60)
+    try:
+        wait_for(lambda: not os.path.exists(f"/proc/{worker}") or "zombie" in open(f"/proc/{worker}/status").read(),
+                 60, "the orphaned worker to end")
+    finally:
+        subprocess.run(["kill", "-9", str(worker)], capture_output=True)   # where it ran on
+
+
+def test_device_check_without_a_gpu_stops_at_once(tmp_path):
+    """tools/device_check.sh without DRY_RUN where torch sees no GPU: one line after its first step, exit status 1,
+    and no other step (it once built the 1.2B model on the CPU)."""
+    log = tmp_path / "dc.log"
+    env = {**{k: v for k, v in ENV.items() if k != "DRY_RUN"}, "CUDA_VISIBLE_DEVICES": "", "LOG": str(log),
+           "OUT": str(tmp_path / "out")}
+    p = subprocess.Popen(["bash", os.path.join(ROOT, "tools", "device_check.sh")], cwd=ROOT, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:   # it went on to the GPU steps: they and their children go
+        os.killpg(p.pid, signal.SIGKILL)
+        pytest.fail(f"device_check.sh went on past its first step:\n{log.read_text()[-2000:]}")
+    assert p.returncode == 1 and err.splitlines() == [
+        f"device_check.sh: error: torch cannot use a GPU on this machine (see {log}); run it on the GPU machine, or "
+        f"DRY_RUN=1 for the same steps at toy sizes on the CPU"], err
+    assert log.read_text().count("## ") == 1 and not os.path.exists(tmp_path / "out")

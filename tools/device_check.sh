@@ -13,7 +13,8 @@
 #     DRY_RUN=1 bash tools/device_check.sh       # the same steps at toy sizes on the CPU (what CI runs)
 #
 # LOG=<file> and OUT=<folder> move the log and the runs (default out-devcheck/); BENCH_STEPS=0 skips steps 5-6. Each step is timed; a failing
-# step is logged with its exit status and the rest still run; the script exits non-zero if any step failed.
+# step is logged with its exit status and the rest still run; the script exits non-zero if any step failed. Without
+# DRY_RUN, where torch cannot use a GPU, it stops after step 1 with one line (exit status 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${LOG:-device_check.log}
@@ -40,8 +41,14 @@ step() {   # step "what" command...: run it, its output into the log, timed
     [ $rc -eq 0 ] || failed=1
 }
 
-step "environment" python -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'available',
-torch.cuda.is_available(), *(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())))"
+step "environment" python -c "import sys, torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'available',
+torch.cuda.is_available(), *(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())));
+sys.exit(not (torch.cuda.is_available() or sys.argv[1]))" "${DRY_RUN:-}"
+if [ $failed -ne 0 ]; then   # without a GPU every later step would run the GPU sizes on the CPU (the 1.2B model: 20 GB)
+    echo "device_check.sh: error: torch cannot use a GPU on this machine (see $LOG); run it on the GPU machine, or" \
+        "DRY_RUN=1 for the same steps at toy sizes on the CPU" | tee -a "$LOG" >&2
+    exit 1
+fi
 [ -n "${DRY_RUN:-}" ] || step "nvidia-smi" nvidia-smi
 if [ -n "${DRY_RUN:-}" ]; then
     [ -f data/shakespeare_char/meta.json ] || step "data" python prepare.py --dataset=shakespeare_char
