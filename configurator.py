@@ -11,7 +11,6 @@ import traceback
 import types
 
 from hrmlm.signals import UserError
-from model import MODEL_FIELDS, ModelConfig
 
 RULE = "# " + "-" * 77 + "\n"   # a script's settings block lies between two such lines
 
@@ -74,23 +73,6 @@ def apply_config(argv, config):
     return config
 
 
-def read_settings(path):
-    """A script's settings, read from its source without running it: {name: (default, comment)} for each
-    `name = <literal>  # comment` of its settings block, in order."""
-    with open(path, encoding="utf-8") as f:
-        block = f.read().split(RULE)[1]   # between the two rules, as nanoGPT's scripts have
-    lines, settings = block.splitlines(), {}
-    for node in ast.parse(block).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                default = ast.literal_eval(node.value)
-            except ValueError:
-                continue
-            rest = lines[node.end_lineno - 1][node.end_col_offset:].strip()
-            settings[node.targets[0].id] = (default, rest[1:].strip() if rest.startswith("#") else "")
-    return settings
-
-
 def configure(scope, argv=None):
     """apply_config on a script's settings (the names its settings block assigns), back into its globals. --help:
     the script's docstring and its settings block as written, each with its default and comment."""
@@ -104,8 +86,3 @@ def configure(scope, argv=None):
     keys = apply_config(argv, {k: scope[k] for k in re.findall(r"^(\w+) = ", block, re.M)})
     scope.update(keys)
     return keys
-
-
-def model_config(settings):
-    """The model.ModelConfig in a dict of train.py settings: every field is a setting of the same name."""
-    return ModelConfig(**{f: settings[f] for f in MODEL_FIELDS})

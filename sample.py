@@ -8,13 +8,13 @@ Sample text from a checkpoint written by train.py.
 Decoding uses the per-application KV cache (engine.py, docs/MODEL.md section 5) unless --use_cache=False.
 """
 
-import os
-import signal
-import sys
-import time
-
 from hrmlm import signals
-signals.guard("sample.py")   # before torch's import (seconds): a signal is one line, at once
+signals.guard("sample.py")   # first of all (torch takes seconds to import): a signal is one line, at once
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
 
 import torch  # noqa: E402
 

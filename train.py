@@ -5,16 +5,15 @@ Train HRM-LM, a Transformer or a UniTF, in one process or under torchrun (DDP; F
     torchrun --standalone --nproc_per_node=6 train.py config/equalparam_nt8.py
 """
 
-import math
 import os
-import random
-import signal
-import sys
-import time
-
-from hrmlm import signals   # the standard library only: before torch's import (seconds), a signal is one line
+from hrmlm import signals   # first of all (torch takes seconds to import): a signal is one line, at once
 signals.guard("train.py", " before training started; nothing was saved", speak=os.environ.get("RANK", "0") == "0")
 
+import math  # noqa: E402
+import random  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 

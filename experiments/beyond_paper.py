@@ -26,7 +26,7 @@ import runner
 from arms import BEYOND as VARIANTS, BEYOND_OUT as OUT, SEEDS, beyond_command
 from hrmlm import engine, signals
 from hrmlm.checkpoint import read_info
-from hrmlm.common import UserError
+from hrmlm.common import UserError, write_result
 from model import ModelConfig, build_model
 from report import heading, mean_sd
 from runner import ROOT, finished, final_val
@@ -68,8 +68,7 @@ def measured(out_dir):
                            capture_output=True, text=True, env=env, cwd=ROOT)
         if p.returncode != 0:
             raise RuntimeError(f"measuring {out_dir} failed:\n{p.stderr[-2000:]}")
-        with open(path, "w") as f:
-            f.write(p.stdout.strip().splitlines()[-1])
+        write_result(path, lambda f: f.write(p.stdout.strip().splitlines()[-1]))
     return runner.committed_json(path)
 
 

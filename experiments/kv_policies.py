@@ -20,7 +20,7 @@ import torch
 import report
 import runner
 from arms import LONG_ITERS, SEEDS, best_lr, command, long_chosen, long_job
-from configurator import model_config
+from tools.plan import model_config
 from hrmlm import engine, signals
 from hrmlm.common import atomic_write
 from model import build_model

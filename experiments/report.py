@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from scipy import stats  # noqa: E402  Student's t (scipy is for experiments/ alone: requirements.txt)
 
 import runner  # noqa: E402
-from hrmlm.common import atomic_write, unigram_ce  # noqa: E402
+from hrmlm.common import unigram_ce, write_result  # noqa: E402
 from tools import analyze  # noqa: E402
 
 DEPTHS = [0.5, 1, 2, 4]   # multiples of the trained depth for the inference-depth tables
@@ -157,9 +157,8 @@ def unigrams():
         if not all(os.path.exists(os.path.join(data, d, "val.bin")) for d in ("shakespeare_char", "shakespeare")):
             return {"char": math.nan, "bpe": math.nan}
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump({"char": unigram_ce(data, "shakespeare_char"), "bpe": unigram_ce(data, "shakespeare")}, f,
-                      indent=1)
+        u = {"char": unigram_ce(data, "shakespeare_char"), "bpe": unigram_ce(data, "shakespeare")}
+        write_result(path, lambda f: json.dump(u, f, indent=1))   # whole or not at all
     return runner.committed_json(path, (("char", (int, float)), ("bpe", (int, float))))
 
 
@@ -200,8 +199,7 @@ def reading(out_dir, name, compute=None, archs=("hrm",), fields=()):
             return None
         batches = analyze.val_batches(ck, os.path.join(runner.ROOT, "data"), 16, 4, model.config.block_size)
         r = {"iter": ck["iter_num"], **compute(model, batches)}
-        with atomic_write(path) as f:
-            json.dump(r, f, indent=1)
+        write_result(path, lambda f: json.dump(r, f, indent=1))   # a full disk: one line, exit status 1
     return runner.committed_json(path, fields)
 
 
@@ -330,7 +328,8 @@ def dress(ax, xlabel, ylabel, title, legend=None, which="major"):
 def save(fig, name):
     """Laid out and saved, byte-identical for identical logs: no timestamp or version in the PNG's metadata."""
     fig.tight_layout()
-    fig.savefig(os.path.join(runner.ROOT, "docs", name), metadata={"Software": None})
+    write_result(os.path.join(runner.ROOT, "docs", name),   # whole or not at all: the committed plot stays
+                 lambda f: fig.savefig(f, format="png", metadata={"Software": None}), "wb")
 
 
 def drawable(name, missing, why):

@@ -37,10 +37,6 @@ def applications(model):
     return [("I",)] + [("L", s, i) for s in range(c.S) for i in model.attending] + slow
 
 
-def n_cache_apps(model):
-    return len(applications(model))
-
-
 def cache_slots(model, kv="full"):
     """The storage slot of each application under policy kv, numbered in order of first use; ValueError where the
     policy does not apply."""
@@ -226,26 +222,20 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=Tr
 
 
 def check_draft(model, draft_depth, draft_tokens, batch_size=1):
-    """A UserError where speculate() cannot draft: a Transformer (no shallower self), a depth not below the
-    trained one, no token to draft, or more than one sequence."""
+    """A UserError where speculate() cannot draft (a Transformer has no shallower self)."""
     c = model.trained_config
     full = c.N if c.arch == "hrm" else c.M
-    if c.arch == "transformer":
-        raise UserError("draft_depth: a Transformer has no shallower self (its blocks have their own weights)")
-    if not 1 <= draft_depth < full or draft_tokens < 1 or batch_size != 1:
-        raise UserError(f"draft_depth must be 1..{full - 1} (below the trained depth {full}) and draft_tokens >= 1, "
-                        f"for one sequence; got {draft_depth}, {draft_tokens}" + f", batch {batch_size}" * (
-                            batch_size != 1))
+    if c.arch == "transformer" or not 1 <= draft_depth < full or draft_tokens < 1 or batch_size != 1:
+        raise UserError("draft_depth: a Transformer has no shallower self (its blocks have their own weights)" if
+                        c.arch == "transformer" else f"draft_depth must be 1..{full - 1} (below the trained depth "
+                        f"{full}), draft_tokens >= 1, one sequence; got {draft_depth}, {draft_tokens}, {batch_size}")
 
 
 def speculate(model, idx, max_new_tokens, temperature=1.0, top_k=None, draft_depth=1, draft_tokens=4, stats=None):
-    """Self-speculative decoding (docs/MODEL.md section 5), one sequence: the model at draft_depth (HRM: Slow
-    firings, T kept; UniTF: steps) drafts up to draft_tokens tokens against the one exact cache, whose slots of the
-    steps it runs are the full depth's own; the full depth then checks them in one forward of those positions and
-    keeps the longest prefix it agrees with, plus its own next token. Greedy: stream()'s tokens; sampled: the
-    speculative acceptance rule (accept()) keeps the full model's distribution. Rejected positions are not undone:
-    the next forward writes over them (attention reads up to its own position). stats: verifications, drafted and
-    accepted tokens are added to it."""
+    """Self-speculative decoding of one sequence (docs/MODEL.md section 5): the model at draft_depth drafts up to
+    draft_tokens tokens against the one exact cache, the trained depth checks them in one forward and keeps the
+    longest prefix it agrees with (accept()) plus its own next token; a refused position is written over later.
+    stats: the checks, drafted and accepted tokens are added to it."""
     check_draft(model, draft_depth, draft_tokens, idx.size(0))
     bs, stats = model.config.block_size, {} if stats is None else stats
     cache, out = new_cache(model, 1, bs), idx[:, -bs:]
@@ -268,8 +258,7 @@ def speculate(model, idx, max_new_tokens, temperature=1.0, top_k=None, draft_dep
         m, fix = accept(logits[0], drafted, qs, temperature, top_k)
         yield from (kept := [nxt, *drafted[:m]])
         out, left, pos, nxt = torch.cat([out, *kept], dim=1), left - m - 1, pos + m + 1, fix
-        for key, n in (("verifies", 1), ("drafted", k), ("accepted", m)):
-            stats[key] = stats.get(key, 0) + n
+        stats.update({key: stats.get(key, 0) + n for key, n in (("verifies", 1), ("drafted", k), ("accepted", m))})
     if left:   # one token left, or the cache is full: the rest as stream() makes it (cropped: a forward per token)
         yield nxt
         if left > 1:
@@ -277,10 +266,9 @@ def speculate(model, idx, max_new_tokens, temperature=1.0, top_k=None, draft_dep
 
 
 def accept(logits, drafted, qs, temperature, top_k):
-    """(how many drafted tokens the full depth keeps, its own next token (1, 1)) from its logits (k + 1, vocab) at the
-    drafted positions. Greedy: the drafts that are its argmax. Sampled (Leviathan et al.; Chen et al.): draft x of q
-    is kept with probability min(1, p(x) / q(x)); the first one refused is replaced by a draw from max(p - q, 0)
-    normalised, and after k kept the next is drawn from p: every token is distributed as p, the full model's."""
+    """(how many drafts the trained depth keeps, its own next token (1, 1)) from its logits (k + 1, vocab). Greedy:
+    the drafts that are its argmax. Sampled (Leviathan et al.): a draft x of q is kept with probability
+    min(1, p(x) / q(x)), the first refused replaced by a draw from max(p - q, 0): every token is distributed as p."""
     for j, x in enumerate(drafted):
         if temperature == 0:
             if logits[j].argmax() != x[0, 0]:

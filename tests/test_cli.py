@@ -321,7 +321,7 @@ FIRST_RUNS = {   # every script, with arguments of a real run (a missing input, 
     "tools/export_hf.py": ["--out_dir={missing}", "--to={tmp}/hf"],
 }
 BEFORE_GUARD = re.compile(r"import (os|sys)|from hrmlm import signals|sys\.path\.insert\(0, .*\)|[A-Z_]+ = .*")
-NOT_YET = ("train.py", "sample.py")   # another change's files: their stdlib imports still come first
+NOT_YET = ()   # every script's guard comes first
 
 
 @pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason="imports before its "

@@ -120,7 +120,7 @@ def test_static_cache_step_compiles_once_and_reads_nothing_back():
     assert not reads, reads   # nothing read back to the host inside the step (a CUDA graph cannot)
     kv = {cache.k.untyped_storage().data_ptr(), cache.v.untyped_storage().data_ptr()}
     slots = [t for t in inputs[-1] if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in kv]
-    assert len(slots) == 2 * engine.n_cache_apps(m)
+    assert len(slots) == 2 * len(engine.applications(m))
     assert all(getattr(t, "_dynamo_static_input_type", None) for t in slots)   # else Inductor skips the graph
     weights = {t.data_ptr() for t in (*m.parameters(), *m.buffers())}
     moving = [tuple(t.shape) for t in inputs[-1] if isinstance(t, torch.Tensor) and t.data_ptr() not in weights
@@ -217,7 +217,7 @@ def test_sampler_makes_no_host_sync_and_draws_the_same_tokens():
                                       (tiny("hrm", N=2, T=3, S=2, fast_attn_steps=3, fast_only=True), 1 + 2 * 3)])
 def test_kv_cache_size(cfg, apps):
     m = build_model(cfg)
-    assert engine.n_cache_apps(m) == apps
+    assert len(engine.applications(m)) == apps
     cache = engine.new_cache(m, batch_size=3)
     assert cache.nbytes() == engine.kv_cache_bytes(m, cfg.block_size, batch_size=3)
     assert engine.kv_cache_bytes(m, 100) == 2 * apps * 100 * cfg.n_embd * 4
@@ -279,7 +279,7 @@ def test_shared_cache_is_exact_where_nothing_is_shared():
     for cfg, kvs in [(tiny("hrm", N=1, T=1, K=1), ("last", "fired")), (tiny("unitf", M=1, K=1), ("last",))]:
         m = make(cfg, scale=4.0).eval()
         for kv in kvs:
-            assert engine.cache_slots(m, kv) == list(range(engine.n_cache_apps(m)))
+            assert engine.cache_slots(m, kv) == list(range(len(engine.applications(m))))
         a = engine.generate(m, torch.zeros((1, 3), dtype=torch.long), 20, temperature=0, kv=kvs[-1])
         assert torch.equal(a, engine.generate(m, torch.zeros((1, 3), dtype=torch.long), 20, temperature=0, use_cache=False))
 
@@ -370,7 +370,7 @@ def test_pre_norm_and_fast_only_causality_and_cache(cfg):
     c = m.config
     apps = (c.n_layer if c.arch == "transformer" else c.M if c.arch == "unitf" else
             1 + c.S * c.M + (0 if c.fast_only else c.S * c.N))
-    assert cache.k.shape[0] == apps == engine.n_cache_apps(m)
+    assert cache.k.shape[0] == apps == len(engine.applications(m))
 
 
 # --- self-speculative decoding: the model at a shallower depth drafts, the trained depth checks ---------------------
@@ -497,7 +497,7 @@ def test_long_prompt_is_cropped_with_a_note(ckpt_dir, tmp_path):
     (["--kv=last", "--use_cache=False"], "with use_cache=True, got kv='last' and use_cache=False"),
     (["--compile=True", "--use_cache=False"], "compile=True and draft_depth decode against the exact cache"),
     (["--draft_depth=1", "--kv=last"], "compile=True and draft_depth decode against the exact cache"),
-    (["--draft_depth=2"], "draft_depth must be 1..1 (below the trained depth 2)"),
+    (["--draft_depth=2"], "draft_depth must be 1..1 (below the trained depth 2), draft_tokens >= 1, one sequence"),
 ])
 def test_sample_bad_input_is_one_line(ckpt_dir, args, msg):
     if args[0] in ("--out_dir=/nonexistent", "--tempreature=1"):   # the real entry point: exit status, no traceback

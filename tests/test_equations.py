@@ -285,7 +285,7 @@ def test_chunked_bptt_is_S_passes_of_C_steps(batch):
     assert_grads_close(grads(chunked, loss), grads(full, ref))
     with torch.no_grad():
         torch.testing.assert_close(logits, full(idx)[0])
-    assert engine.n_cache_apps(chunked) == engine.n_cache_apps(full)
+    assert len(engine.applications(chunked)) == len(engine.applications(full))
 
 
 # --- K_slow: the last Slow firings carry gradient too (docs/MODEL.md section 8) -------------------------------

@@ -14,7 +14,8 @@ import torch
 from conftest import (ENV, HRM, PAPER_MODELS, ROOT, char_tiny, copy_run, last_state, one_error_line, patched,
                       progress_losses, raw_log, run_script, run_train, snapshot, train_cmd,
                       train_error_in_process)
-from configurator import apply_config, model_config, read_settings
+from configurator import apply_config
+from tools.plan import model_config, read_settings
 from hrmlm.checkpoint import resume_path
 from hrmlm.signals import UserError as ConfigError
 from model import build_model

@@ -30,6 +30,7 @@ if __name__ == "__main__":   # first of all (torch takes seconds to import): a s
     signals.guard("plan.py")
 
 import argparse  # noqa: E402
+import ast  # noqa: E402
 import math  # noqa: E402
 import weakref  # noqa: E402
 
@@ -39,12 +40,35 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
-from configurator import apply_config, model_config, read_settings  # noqa: E402
+from configurator import RULE, apply_config  # noqa: E402
 from hrmlm.common import HelpFormatter, UserError, load_meta, meta_path  # noqa: E402
 from hrmlm.parallel import shard_units  # noqa: E402
-from model import build_model  # noqa: E402
+from model import MODEL_FIELDS, ModelConfig, build_model  # noqa: E402
 
 GB = 1e9
+
+
+
+def read_settings(path):
+    """A script's settings, read from its source without running it: {name: (default, comment)} for each
+    `name = <literal>  # comment` of its settings block, in order."""
+    with open(path, encoding="utf-8") as f:
+        block = f.read().split(RULE)[1]   # between the two rules, as nanoGPT's scripts have
+    lines, settings = block.splitlines(), {}
+    for node in ast.parse(block).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                default = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+            rest = lines[node.end_lineno - 1][node.end_col_offset:].strip()
+            settings[node.targets[0].id] = (default, rest[1:].strip() if rest.startswith("#") else "")
+    return settings
+
+
+def model_config(settings):
+    """The model.ModelConfig in a dict of train.py settings: every field is a setting of the same name."""
+    return ModelConfig(**{f: settings[f] for f in MODEL_FIELDS})
 
 
 def train_defaults():
