@@ -248,7 +248,9 @@ def claim_out_dir(out_dir, resume, overwrite, claim=True):
     if resume and not last:
         raise UserError(f"init_from='resume' but {out_dir} holds no resume state ({CKPT_LAST})" + (
             f", only {', '.join(held)}" + " (older code's ckpt_last.pt is no longer read)" * ("ckpt_last.pt" in held) +
-            ": start it again with --init_from=scratch --overwrite=True" if held else ""))
+            (f": its ckpt.pt is intact; start a new run from its weights with --init_from={out_dir} and another "
+             f"--out_dir (--overwrite=True would delete it)" if CKPT_BEST in held else
+             ": start it again with --init_from=scratch --overwrite=True") if held else ""))
     if held and claim and not (resume or overwrite):
         raise UserError(f"out_dir {out_dir!r} already holds a run ({', '.join(held)}); " + "resume it with "
                         "--init_from=resume, " * bool(last) + "replace it with --overwrite=True, or choose another out_dir")

@@ -356,6 +356,10 @@ def test_a_folder_with_only_a_log_names_the_way_out(data_dir, tmp_path):
         in line, line
     line = one_error_line(run_train(HRM + ["--max_iters=6"], data_dir, str(out), check=False))   # nothing to resume:
     assert "already holds a run (log.jsonl); replace it with --overwrite=True" in line, line     # not advised
+    (out / "ckpt.pt").write_bytes(b"the best weights")   # killed in its first resume save, after ckpt.pt: kept
+    line = one_error_line(run_train(HRM + ["--max_iters=6", "--init_from=resume"], data_dir, str(out), check=False))
+    assert f"its ckpt.pt is intact; start a new run from its weights with --init_from={out}" in line \
+        and "--overwrite=True would delete it" in line, line
 
 
 def test_the_log_is_strict_json(tmp_path):
