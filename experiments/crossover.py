@@ -245,7 +245,8 @@ def draw():
     series = [("BPE, 4000 iterations", [d for d, _ in test_jobs(4000)], BPE_TOKENS, "C0"),
               ("BPE, 400 iterations", [d for d, _ in test_jobs(400)], BPE_TOKENS, "C1"),
               ("characters, 8000 iterations", [d for d, _ in char_jobs("hrm") + char_jobs("tf")], CHAR_TOKENS, "C2")]
-    series = [(n, ds, t, c) for n, ds, t, c in series if ds and all(runner.finished(d) for d in ds)]
+    series = [(n, ds, t, c) for n, ds, t, c in series   # both arms' test runs, every one finished
+              if {"hrm" in d for d in ds} == {True, False} and all(runner.finished(d) for d in ds)]
     if not series:
         return
     fig, axes = report.figure(2)
