@@ -31,7 +31,7 @@ import sweep  # noqa: E402
 SCRIPTS = ("sweep.py", "long_run.py", "beyond_paper.py", "kv_policies.py", "equalparam.py", "alive.py",
            "crossover.py")
 PLOTS = ("sweep_lr.png", "bpe_lr.png", "sweep_curves.png", "depth.png", "long_run.png", "beyond_paper.png",
-         "equalparam.png")
+         "equalparam.png", "crossover.png")
 PLOT_DATA = os.path.join(ROOT, "tests", "data", "plots.json")
 
 # In the scripts' process: each figure they save is also pickled to $FIGURES/<name>.pickle, for figure_data.
