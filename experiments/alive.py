@@ -368,14 +368,8 @@ def tables():
           f"{len(all_jobs()) - len(done)} known still to run at this phase\n")
 
 
-def main():
-    def read_finished():
-        report.read_finished(all_jobs(), "alive.json", reading)
-
-    def run(workers):   # phase by phase, each round's finished HRM runs read (phase B depends on it)
-        runner.run_until_done(lambda: runner.next_jobs(groups(), workers), workers, read_finished)
-        read_finished()
-    runner.runner_main(__doc__, all_jobs, run, tables,
+def main():   # phase by phase, each round's finished HRM runs read (phase B depends on it)
+    runner.runner_main(__doc__, all_jobs, report.phased(groups, all_jobs, "alive.json", reading), tables,
                        [("shakespeare_char", "--dataset=shakespeare_char"), ("shakespeare", "")])
 
 

@@ -267,12 +267,8 @@ def draw():
     report.finish(fig, axes, "crossover.png")
 
 
-def main():
-    def run(workers):
-        read = lambda: report.read_finished(all_jobs(), "alive.json", reading)   # noqa: E731
-        runner.run_until_done(lambda: runner.next_jobs(groups(), workers), workers, read)
-        read()
-    runner.runner_main(__doc__, all_jobs, run, tables,
+def main():   # phase by phase, each round's finished HRM runs read (the selection reads them)
+    runner.runner_main(__doc__, all_jobs, report.phased(groups, all_jobs, "alive.json", reading), tables,
                        [("shakespeare_char", "--dataset=shakespeare_char"), ("shakespeare", "")])
 
 

@@ -211,6 +211,16 @@ def read_finished(jobs, name, read):
             read(d)
 
 
+def phased(groups, jobs, name, read):
+    """A study's run(workers): groups()'s jobs round by round (runner.next_jobs), the finished HRM runs read
+    (reading `name`) after each round, since a later phase may depend on a reading, and once more at the end."""
+    def run(workers):
+        after = lambda: read_finished(jobs(), name, read)   # noqa: E731
+        runner.run_until_done(lambda: runner.next_jobs(groups(), workers), workers, after)
+        after()
+    return run
+
+
 def analysis(out_dir):
     """The sweep's reading (analysis.json), or None: for HRM the Slow-module ablation (CE with z_H frozen at z_H0),
     z_H's drift, the fusion weights (analyze.py's HLRole A-C); for HRM and UniTF, val CE at DEPTHS x trained depth."""
