@@ -20,12 +20,11 @@ import report
 import runner
 from arms import SEEDS, by_seed, command, lr_of, lr_text
 from hrmlm import signals
-from report import heading
+from report import ALIVE, ALIVE_COLS, heading, ms
 from tools import analyze
 
 OUT = "out-alive"
 SELECT = (7, 8)                  # selection seeds: never in a test
-ALIVE = 0.05                     # nats: both shared blocks off must cost at least this for a run to count as alive
 REMEDIES = {"paper": [], "fixed": ["--learn_alpha=False"], "mult0.1": ["--scalar_lr_mult=0.1"],
             "mult0.01": ["--scalar_lr_mult=0.01"]}
 HRM_ARMS = ("hrm-nt8", "hrm-nt4", "hrm-nt12", "hrm-nt8-d256")
@@ -55,20 +54,17 @@ def val(arm, remedy, k, seed):
 
 
 def reading(out_dir):
-    """The committed alive.json of a run, computed once from its last checkpoint (None: not read, no checkpoint)."""
-    def compute(model, batches):
-        ce = analyze.val_ce(model, batches, "cpu")
-        with analyze.slow_module_frozen(model):
-            frozen = analyze.val_ce(model, batches, "cpu") - ce
-        r = {"ce": ce, "h_frozen": frozen, **analyze.alive(model, batches, "cpu", ce),
-             "depth": analyze.depth_table(model, batches, "cpu", report.DEPTHS)}
+    """The committed alive.json of a run (report.alive_reading), with depth at inference, the fusion's weights and the
+    Fast module's gate too."""
+    def more(model, batches):
+        r = {"depth": analyze.depth_table(model, batches, "cpu", report.DEPTHS)}
         steps, r["fusion"] = analyze.step_stats(model, batches, "cpu")
         r["gate_L"] = sum(x["gate"] for x in steps) / len(steps)   # the Fast module's mean gate g over the steps
         if int(runner.seed_of(out_dir)) in SEEDS and out_dir.split(os.sep)[1].startswith("hrm-nt"):   # decoding's CE
             # by policy too, for the headline arms' test runs (docs/RESULTS.md section 10's depth/KV table)
             r["kv"] = {kv: analyze.decode_ce(model, batches, "cpu", kv) for kv in ("full", "last", "fired")}
         return r
-    return report.reading(out_dir, "alive.json", compute, fields=(("off_both", (int, float)),))
+    return report.alive_reading(out_dir, more)
 
 
 def is_alive(arm, remedy, k):
@@ -199,15 +195,6 @@ def all_jobs():
 
 # --- tables, from the committed logs and readings alone -------------------------------------------
 
-def ms(vals, fmt=".3f"):
-    """'mean ± sd' of the values (one value: itself; '-' where there are none, as a Slow block a model lacks)."""
-    if all(v is None for v in vals):
-        return "-"
-    m, sd, n = report.mean_sd(vals)
-    return f"{m:{fmt}}" + (f" ± {sd:.3f}" if n > 1 else "")
-
-
-COLS = ("alpha_L / alpha_H", "blocks off: Fast, Slow, both", "H frozen")   # alive_cells' columns
 LEGEND = (f"alpha: the final alpha_L / alpha_H (initialised at 0.1). Blocks off: val CE with the Fast block's alpha, the "
           f"Slow block's, and both set to 0 (the gates kept) minus val CE; (off): both cost under {ALIVE} nats, the "
           f"recurrence is switched off. H frozen: val CE with z_H held at z_H0 minus val CE. Readings from the last "
@@ -215,19 +202,8 @@ LEGEND = (f"alpha: the final alpha_L / alpha_H (initialised at 0.1). Blocks off:
 
 
 def alive_cells(dirs):
-    """COLS' cells over the read runs (mean ± sd); '(off)' where a run's both-off cost is under ALIVE; the last logged
-    alphas where no run was read."""
-    rs = [r for r in map(reading, dirs) if r]
-    if not rs:
-        a = [(r.get("alpha_L"), r.get("alpha_H")) for r in (runner.run_log(d)[-1] for d in dirs)]
-        cells = f"{ms([x for x, _ in a])} / {ms([y for _, y in a])}" if a and None not in a[0] else "-"
-        return cells + " | not read | -"
-    off = sum(r["off_both"] < ALIVE for r in rs)
-    return (f"{ms([r['alpha_L'] for r in rs])} / {ms([r['alpha_H'] for r in rs])} | "
-            f"{ms([r['off_L'] for r in rs], '+.3f')}, {ms([r['off_H'] for r in rs], '+.3f')}, "
-            f"{ms([r['off_both'] for r in rs], '+.3f')}" + ("" if not off else " (off)" if len(rs) == 1 else
-                                                  f" ({off} of {len(rs)} off)") +
-            f" | {ms([r['h_frozen'] for r in rs], '+.3f')}")
+    """report.alive_cells, on this study's readings."""
+    return report.alive_cells(dirs, reading)
 
 
 def selection_table():
@@ -235,14 +211,13 @@ def selection_table():
         return
     heading(f"Alive HRM: selection on seeds {SELECT[0]} and {SELECT[1]} (no test uses them), {arms.EP_ITERS} "
             "iterations (* = the arm's choice)", "arm", "remedy", "lr", f"val CE, seed {SELECT[0]}",
-            f"seed {SELECT[1]}", *COLS, note=LEGEND)
+            f"seed {SELECT[1]}", *ALIVE_COLS, note=LEGEND)
     for arm in HRM_ARMS + TF_ARMS:
         for r, k in sorted(tried(arm), key=lambda rk: (list(REMEDIES).index(rk[0]), rk[1])):
             d, d8 = job(arm, r, k, SELECT[0])[0], job(arm, r, k, SELECT[1])[0]
             cells = alive_cells([d]) if arm in HRM_ARMS else "- | - | -"
             star = "*" if chosen(arm) == (r, k) else ""
-            print(f"| {arm} | {r} | {lr_text(lr_of(arm, k))}{star} | {report.cell(d)} | "
-                  f"{report.cell(d8) if runner.finished(d8) else '-'} | {cells} |")
+            print(f"| {arm} | {r} | {lr_text(lr_of(arm, k))}{star} | {report.cell(d)} | {report.cell(d8)} | {cells} |")
     print()
 
 
@@ -270,7 +245,7 @@ def test_table():
     if not table:
         return
     heading(f"Alive HRM at the test seeds ({', '.join(map(str, SEEDS))}): each arm's choice, {arms.EP_ITERS} "
-            "iterations", "row", "remedy, lr", "seeds", "val CE (mean ± sd)", *COLS)
+            "iterations", "row", "remedy, lr", "seeds", "val CE (mean ± sd)", *ALIVE_COLS)
     for name, vals in table.items():
         arm = name.split()[0]
         c = chosen(arm) if name in HRM_ARMS + TF_ARMS else ("paper", WIDTH[1]) if "1.25e-3" in name else \
@@ -280,8 +255,7 @@ def test_table():
         cells = alive_cells([d for d in dirs if runner.finished(d)]) if "hrm" in name else "- | - | -"
         if "rerun" in dirs[0]:   # section 9's runs have no checkpoints: the readings are the reruns'
             cells += " (reruns)"
-        print(f"| {name} | {c[0]}, {lr_text(lr_of(arm, c[1]))} | {len(vals)} | {ms(list(vals.values()))} | "
-              f"{cells} |")
+        print(f"| {name} | {c[0]}, {lr_text(lr_of(arm, c[1]))} | {len(vals)} | {ms(list(vals.values()))} | {cells} |")
     print()
     if rows:
         heading("Alive HRM at the test seeds: differences (row minus column, paired by seed; 95% intervals; "
@@ -300,7 +274,7 @@ def reruns_tables():
     got = [g for g in got if runner.finished(g[2])]
     if got:
         heading("Section 9's HRM, trained again for its checkpoints: is its recurrence alive?", "arm", "seed",
-                "val CE, committed", "val CE, rerun", *COLS, note="The same command as the committed run (this "
+                "val CE, committed", "val CE, rerun", *ALIVE_COLS, note="The same command as the committed run (this "
                 "machine's float32 may differ from the one that made it in the last digits, which post-norm HRM at "
                 "lr 1e-2 amplifies).\n")
         for arm, s, rerun, d in got:
@@ -309,7 +283,7 @@ def reruns_tables():
     got = [g for g in earlier() if runner.finished(g[5][0])]
     if got:
         heading("Sections 2-7's HRM, trained again for its checkpoints: is its recurrence alive?", "section",
-                "variant", "lr", "seed", "val CE, committed", "val CE, rerun", *COLS, note="Sections 2-5: the "
+                "variant", "lr", "seed", "val CE, committed", "val CE, rerun", *ALIVE_COLS, note="Sections 2-5: the "
                 "character sweep (400 iterations at the best lr); 3: its HRM controls (the same); 4: the BPE sweep "
                 "(400 iterations); 5: the K ablation (the same, K = 1 and 4); 6: the long run (4000 iterations); 7: "
                 "beyond the paper (N=4, T=2, 300 iterations).\n")
@@ -348,7 +322,7 @@ def bpe_table():
     its = (400, 1000, 2000)
     heading(f"BPE testbed, post-norm, {BPE_ITERS} iterations at the best 400-iteration lr (the Transformer also at "
             f"1e-3), seed {SEEDS[0]} (unigram line {uni:.3f})", "variant", "lr", *[f"val CE at {i}" for i in its],
-            "below unigram at the end", *COLS)
+            "below unigram at the end", *ALIVE_COLS)
     for v, lr, d in done:
         log = {r["iter"]: r for r in runner.run_log(d) if "val_loss" in r}
         cells = " | ".join(f"{log[i]['val_loss']:.3f}" if i in log else "-" for i in its)

@@ -48,12 +48,14 @@ SWEEP_ITERS = {"char": 400, "bpe": 400}   # the quick start's 400 iterations on 
 K_ABLATION = [("hrm-post", [f"--K={k}"], f"-K{k}") for k in (1, 4)]   # (variant, overrides, out_dir suffix)
 
 
-def lr_name(lr):
-    return f"{lr:.0e}".replace("e-0", "e-")
+def lr_text(lr):
+    """1.5e-3, 3e-3, 1.25e-2: the shortest exact mantissa (equalparam's grid steps by factors of 2)."""
+    m, e = f"{lr:.3e}".split("e")
+    return f"{m.rstrip('0').rstrip('.')}e{int(e)}"
 
 
 def run_dir(testbed, variant, lr, seed, extra=""):
-    return os.path.join(SWEEP_OUT, testbed, variant, f"lr{lr_name(lr)}-s{seed}{extra}")
+    return os.path.join(SWEEP_OUT, testbed, variant, f"lr{lr_text(lr)}-s{seed}{extra}")
 
 
 def command(testbed, variant, lr, seed, extra_args=(), extra="", iters=None, out=SWEEP_OUT):
@@ -137,12 +139,6 @@ def lr_of(arm, k):
     return ARMS[arm][2] * 2.0 ** k
 
 
-def lr_text(lr):
-    """1.5e-3, 3e-3, 1.25e-2: the shortest exact mantissa (the grid steps by factors of 2)."""
-    m, e = f"{lr:.3e}".split("e")
-    return f"{m.rstrip('0').rstrip('.')}e{int(e)}"
-
-
 def arm_job(arm, k, seed, extra=(), name=None, out=EP_OUT):
     """(out_dir, train.py command) of one run: the arm at the centre lr times 2^k (alive.py's: under out)."""
     cfg, over, _ = ARMS[arm]
@@ -166,8 +162,7 @@ def arm_tried(arm):
 
 
 def best_k(arm):
-    ks = arm_tried(arm)
-    return min(ks, key=lambda k: arm_val(arm, k, SEEDS[0])) if ks else None
+    return min(arm_tried(arm), key=lambda k: arm_val(arm, k, SEEDS[0]), default=None)
 
 
 def bracketed(arm):
@@ -183,18 +178,17 @@ def runner_up(arm):
     if len(vals) < len(SEEDS):
         return None
     sd = report.mean_sd(list(vals.values()))[1]
-    rest = [j for j in arm_tried(arm) if j != k]
-    j = min(rest, key=lambda j: arm_val(arm, j, SEEDS[0])) if rest else None
+    j = min((j for j in arm_tried(arm) if j != k), key=lambda j: arm_val(arm, j, SEEDS[0]), default=None)
     return j if j is not None and arm_val(arm, j, SEEDS[0]) - vals[SEEDS[0]] <= sd else None
 
 
 def chosen_k(arm):
     """The lr (as k) with the lower 3-seed mean among those with all 3 seeds; None until phase C is through."""
-    if not bracketed(arm) or best_k(arm) is None:
+    if not bracketed(arm):
         return None
     k = best_k(arm)
     full = {j: by_seed([arm_job(arm, j, s)[0] for s in SEEDS]) for j in {k, runner_up(arm)} - {None}}
-    if len(full.get(k, {})) < len(SEEDS) or any(len(v) < len(SEEDS) for v in full.values()):
+    if any(len(v) < len(SEEDS) for v in full.values()):
         return None
     return min(full, key=lambda j: sum(full[j].values()))
 

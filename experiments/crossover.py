@@ -20,6 +20,7 @@ iterations. bpe4000: bpe400 at 4000 iterations. Every HRM run is read (alive.jso
 import math
 import os
 import sys
+from functools import partial
 
 import numpy as np
 from scipy import stats
@@ -28,12 +29,10 @@ import report
 import runner
 from arms import ARMS, SEEDS, lr_text
 from hrmlm import signals
-from report import header, paired
-from tools import analyze
+from report import ALIVE, ALIVE_COLS, alive_reading, header, heading
 
 OUT = "out-crossover"
 SELECT = (7, 8)   # selection seeds: never in a test
-ALIVE = 0.05      # nats both shared blocks off must cost (alive.py's rule)
 BPE = {"hrm": ("shakespeare_hrm", ["--T=4"]), "tf": ("shakespeare_transformer", [])}
 START, REACH, CENTRE = (-1, 0, 1), 3, 1e-3
 CHAR = {"hrm": ("hrm-nt8", 2.5e-3), "tf": ("tf-d128", 3e-3)}   # section 10's choices (docs/RESULTS.md)
@@ -70,16 +69,6 @@ def char_jobs(arch):
     return [job("char8000", arm, *ARMS[arm][:2], lr, s, 8000, every=200) for s in SEEDS]
 
 
-def reading(out_dir):
-    """The run's committed alive.json: the alphas, each shared block off and both, the Slow module frozen."""
-    def compute(model, batches):
-        ce = analyze.val_ce(model, batches, "cpu")
-        with analyze.slow_module_frozen(model):
-            frozen = analyze.val_ce(model, batches, "cpu") - ce
-        return {"ce": ce, "h_frozen": frozen, **analyze.alive(model, batches, "cpu", ce)}
-    return report.reading(out_dir, "alive.json", compute, fields=(("off_both", (int, float)),))
-
-
 def val(arch, k, seed, iters):
     return runner.final_val(bpe_job(arch, k, seed, iters)[0])
 
@@ -92,7 +81,7 @@ def select(arch, iters):
     """(the selection's jobs at this phase, the chosen k or None): the start grid; one step out where the best alive
     seed-7 run is at an edge of what was tried (below the lowest where none is alive); the best two at seed 8."""
     ks, start = tried(arch, iters), [bpe_job(arch, k, SELECT[0], iters) for k in START]
-    live = {k: arch == "tf" or (r := reading(bpe_job(arch, k, SELECT[0], iters)[0])) and r["off_both"] >= ALIVE
+    live = {k: arch == "tf" or (r := alive_reading(bpe_job(arch, k, SELECT[0], iters)[0])) and r["off_both"] >= ALIVE
             for k in ks}
     if not set(START) <= set(ks) or None in live.values():
         return start, None   # the start not through, or a run not read yet
@@ -122,39 +111,22 @@ def all_jobs():
 
 # --- tables and figure, from the committed logs and readings alone ------------------------------------------------
 
-def curves(dirs):
-    """{seed: {iteration: val CE}} of the finished runs."""
-    return {int(runner.seed_of(d)): {r["iter"]: r["val_loss"] for r in runner.run_log(d) if r.get("val_loss")}
-            for d in dirs if runner.finished(d)}
-
-
-def gaps(hrm, tf, its):
-    """HRM minus Transformer at each iteration, paired by seed: {it: Diff or None}."""
-    a, b = curves(hrm), curves(tf)
-    return {i: paired({s: c[i] for s, c in a.items() if i in c}, {s: c[i] for s, c in b.items() if i in c}) for i in its}
-
-
-def read_cells(d, compute=True):
-    r = (reading(d) if compute else report.reading(d, "alive.json")) if "hrm" in d else None
-    if r is None:
-        return "- | - | -"
-    return (f"{r['alpha_L']:.3f} / {r['alpha_H']:.3f} | {r['off_L']:+.3f}, {r['off_H']:+.3f}, {r['off_both']:+.3f}"
-            + (" (off)" if r["off_both"] < ALIVE else "") + f" | {r['h_frozen']:+.3f}")
-
-
-COLS = ("alpha_L / alpha_H", "blocks off: Fast, Slow, both", "H frozen")
+def cells(d, read=alive_reading):
+    """report.alive_cells of one run (a Transformer has none)."""
+    return report.alive_cells([d], read) if "hrm" in d else "- | - | -"
 
 
 def bracket_table():
     rows = [(d, arm) for (d, _), arm in zip(bracket_jobs(), ("hrm-nt8", "hrm-nt12")) if runner.finished(d)]
+    stored = partial(report.reading, name="alive.json")   # alive.py's runs: read there, with its readings
     if rows:
-        print(f"### The alive lr bracketed: HRM at 3.5e-3 beside section 10's 2.5e-3 and 5e-3, seed {SELECT[0]}, "
-              f"2000 iterations\n")
-        header("arm", "lr", "val CE", *COLS)
+        heading(f"The alive lr bracketed: HRM at 3.5e-3 beside section 10's 2.5e-3 and 5e-3, seed {SELECT[0]}, 2000 "
+                "iterations", "arm", "lr", "val CE", *ALIVE_COLS)
         for d, arm in rows:
             for lr, run in ((2.5e-3, None), (3.5e-3, d), (5e-3, None)):
                 run = run or os.path.join("out-alive", f"{arm}-paper", f"lr{lr_text(lr)}-s{SELECT[0]}")
-                print(f"| {arm} | {lr_text(lr)} | {report.cell(run)} | {read_cells(run, run == d)} |")
+                read = alive_reading if run == d else stored
+                print(f"| {arm} | {lr_text(lr)} | {report.cell(run)} | {cells(run, read)} |")
         print()
 
 
@@ -162,14 +134,13 @@ def bpe_tables(iters):
     ks = {a: tried(a, iters) for a in BPE}
     if not any(ks.values()):
         return
-    print(f"### BPE crossover, {iters} iterations: selection on seeds {SELECT[0]} and {SELECT[1]} (* = chosen)\n")
-    header("arch", "lr", f"val CE, seed {SELECT[0]}", f"seed {SELECT[1]}", *COLS)
+    heading(f"BPE crossover, {iters} iterations: selection on seeds {SELECT[0]} and {SELECT[1]} (* = chosen)", "arch",
+            "lr", f"val CE, seed {SELECT[0]}", f"seed {SELECT[1]}", *ALIVE_COLS)
     for a in BPE:
         for k in ks[a]:
             d, d8 = bpe_job(a, k, SELECT[0], iters)[0], bpe_job(a, k, SELECT[1], iters)[0]
             star = "*" if select(a, iters)[1] == k else ""
-            print(f"| {a} | {lr_text(CENTRE * 2.0 ** k)}{star} | {report.cell(d)} | "
-                  f"{report.cell(d8) if runner.finished(d8) else '-'} | {read_cells(d)} |")
+            print(f"| {a} | {lr_text(CENTRE * 2.0 ** k)}{star} | {report.cell(d)} | {report.cell(d8)} | {cells(d)} |")
     print()
     tests = {a: [d for d, _ in test_jobs(iters) if f"/{a}/" in d] for a in BPE}
     if all(runner.finished(d) for ds in tests.values() for d in ds) and all(tests.values()):
@@ -182,20 +153,21 @@ def bpe_tables(iters):
 
 def gap_table(title, hrm, tf, its, tokens):
     """Each arm's test runs (final CE, readings), then the paired gap HRM minus Transformer along the curves."""
-    print(f"### {title}: the test seeds, HRM minus Transformer (paired by seed; 95% intervals)\n")
     params = runner.facts(hrm[0])["params"] if runner.finished(hrm[0]) else None
-    header("iteration", "tokens per parameter", "gap [95% CI], p", "verdict")
-    for i, d in gaps(hrm, tf, its).items():
+    heading(f"{title}: the test seeds, HRM minus Transformer (paired by seed; 95% intervals)", "iteration",
+            "tokens per parameter", "gap [95% CI], p", "verdict")
+    for i, d in report.gaps(hrm, tf, its).items():
         per = f"{i * tokens / params:.3f}" if params else "-"
         print(f"| {i} | {per} | {d or '-'} | {report.verdict(d)} |")
     print()
-    print("HRM runs: " + "; ".join(f"seed {runner.seed_of(d)}: {read_cells(d)}" for d in hrm if runner.finished(d))
-          + f" ({', '.join(COLS)})\n")
+    print("HRM runs: " + "; ".join(f"seed {runner.seed_of(d)}: {cells(d)}" for d in hrm if runner.finished(d))
+          + f" ({', '.join(ALIVE_COLS)})\n")
 
 
 def crossing(hrm, tf):
     """Where the gap changes sign: (the last iteration whose interval is below 0, the first after it above 0)."""
-    g = {i: d for i, d in sorted(gaps(hrm, tf, sorted(set.intersection(*map(set, curves(hrm).values())))).items()) if d}
+    its = sorted(set.intersection(*map(set, report.curves(hrm).values())))
+    g = {i: d for i, d in report.gaps(hrm, tf, its).items() if d}
     ahead = [i for i, d in g.items() if d.hi < 0]
     behind = [i for i, d in g.items() if d.lo > 0 and (not ahead or i > ahead[-1])]
     return (ahead[-1] if ahead else None), (behind[0] if behind else None)
@@ -203,7 +175,7 @@ def crossing(hrm, tf):
 
 def trend(hrm, tf, start=1000):
     """Per seed, gap(t) = a + b ln t fitted from `start` on; where each fit crosses 0 (b < 0 and the gap > 0)."""
-    a, b = curves(hrm), curves(tf)
+    a, b = report.curves(hrm), report.curves(tf)
     out = {}
     for s in sorted(set(a) & set(b)):
         its = sorted(i for i in a[s] if i >= start and i in b[s])
@@ -233,11 +205,11 @@ def tables():
     d = paper_lr_job()[0]
     if runner.finished(d):
         log = {r["iter"]: r for r in runner.run_log(d)}
-        print("### alpha at the paper's lr: character HRM NT=8, lr 1.5e-4, warmup 1000, 10000 iterations, seed 7\n")
-        header("iteration", "val CE", "alpha_L", "alpha_H")
+        heading("alpha at the paper's lr: character HRM NT=8, lr 1.5e-4, warmup 1000, 10000 iterations, seed 7",
+                "iteration", "val CE", "alpha_L", "alpha_H")
         for i in (0, 1000, 2000, 5000, 10000):
             print(f"| {i} | {log[i]['val_loss']:.3f} | {log[i]['alpha_L']:.4f} | {log[i]['alpha_H']:.4f} |")
-        print(f"\nReading at 10000: {read_cells(d)} ({', '.join(COLS)})\n")
+        print(f"\nReading at 10000: {cells(d)} ({', '.join(ALIVE_COLS)})\n")
     draw()
 
 
@@ -252,7 +224,7 @@ def draw():
     fig, axes = report.figure(2)
     for name, dirs, tokens, color in series:
         hrm, tf = [d for d in dirs if "hrm" in d], [d for d in dirs if "hrm" not in d]
-        a, b = curves(hrm), curves(tf)
+        a, b = report.curves(hrm), report.curves(tf)
         its = sorted(set.intersection(*[set(c) for c in [*a.values(), *b.values()]]) - {0})
         ys = [[a[s][i] - b[s][i] for s in sorted(a)] for i in its]
         per = tokens / runner.facts(hrm[0])["params"]
@@ -268,7 +240,7 @@ def draw():
 
 
 def main():   # phase by phase, each round's finished HRM runs read (the selection reads them)
-    runner.runner_main(__doc__, all_jobs, report.phased(groups, all_jobs, "alive.json", reading), tables,
+    runner.runner_main(__doc__, all_jobs, report.phased(groups, all_jobs, "alive.json", alive_reading), tables,
                        [("shakespeare_char", "--dataset=shakespeare_char"), ("shakespeare", "")])
 
 

@@ -187,12 +187,10 @@ def flat_size_table(table):
             "parameters HRM runs once (embedding, input block, fusion).\n")
     for arm in [a for a in LOOPED if a in table]:
         seeds = [s for s in SEEDS if s in table[arm] and all(s in table[a] for a in FLAT)]
-        if len(seeds) < 2:
-            continue
         curves = {s: [(math.log(size[a]), table[a][s]) for a in FLAT] for s in seeds}
         lnp = {s: flat_ln_params(table[arm][s], curves[s]) for s in seeds}
         ci = report.paired(lnp, {s: 0.0 for s in seeds})     # the t interval of mean ln P_flat, as gap_changes'
-        if ci is None:                                        # under 2 seeds with a finite P_flat
+        if ci is None:                                        # under 2 seeds (with a finite P_flat)
             continue
         above = [s for s in seeds if table[arm][s] > max(y for _, y in curves[s])]   # worse than d=32: P_flat below it
         below = [s for s in seeds if table[arm][s] < min(y for _, y in curves[s])]   # better than d=256: above it

@@ -20,12 +20,11 @@ import torch
 import report
 import runner
 from arms import LONG_ITERS, SEEDS, best_lr, command, long_chosen, long_job
-from tools.plan import model_config
 from hrmlm import engine, signals
 from hrmlm.common import atomic_write
 from model import build_model
 from tools.analyze import kv_table
-from tools.plan import train_settings
+from tools.plan import model_config, train_settings
 
 REMEDIES = ["unitf-post train_kv=last", "unitf-pre train_kv=last"]   # Huginn's remedy for UniTF under `last`
 VARIANTS = ["hrm-post", "hrm-pre", "unitf-post", "unitf-pre", "unitf_full-post", *REMEDIES]
@@ -38,9 +37,7 @@ def jobs_of(v, iters):
     """(out_dir, command) of the variant's runs at its chosen lr for that length, one per seed. The remedy runs
     (400 iterations only) are UniTF post-norm's at its chosen lr, trained with train.py's --train_kv=last."""
     base = v.split()[0]
-    if iters != 400 and v not in LONG:
-        return []
-    lr = best_lr("char", base) if iters == 400 else long_chosen(base)
+    lr = best_lr("char", base) if iters == 400 else long_chosen(base) if v in LONG else None
     if lr is None:
         return []
     if v in REMEDIES:
@@ -127,10 +124,9 @@ def table():
              "|---|---|---|---|---|---|---|---|---|"]
     for v in VARIANTS:
         for n in LENGTHS:
-            read_runs = {runner.seed_of(d): r for d, _ in runs(v, n) if (r := reading(d))}
-            if not read_runs:
+            by = {runner.seed_of(d): {r["kv"]: r for r in k["rows"]} for d, _ in runs(v, n) if (k := reading(d))}
+            if not by:
                 continue
-            by = {s: {r["kv"]: r for r in k["rows"]} for s, k in read_runs.items()}
             for kv in next(iter(by.values())):
                 ce = {s: rows[kv]["ce"] for s, rows in by.items()}
                 m, sd, k = report.mean_sd(list(ce.values()))

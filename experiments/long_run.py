@@ -18,7 +18,7 @@ from matplotlib.ticker import NullFormatter, ScalarFormatter
 import arms
 import report
 import runner
-from arms import LONG_ITERS as ITERS, SEEDS, candidates, lr_name
+from arms import LONG_ITERS as ITERS, SEEDS, candidates, lr_text
 from arms import long_chosen as chosen, long_job as job
 from hrmlm import signals
 from hrmlm.common import UserError
@@ -51,19 +51,8 @@ def chosen_runs(v):
 
 def curve(v):
     """{iteration: [val CE of each finished seed]} at the chosen lr."""
-    out = {}
-    for d in chosen_runs(v):
-        for r in runner.run_log(d):
-            if r.get("val_loss") is not None:
-                out.setdefault(r["iter"], []).append(r["val_loss"])
-    return out
-
-
-def paired_gap(a, b, it):
-    """report.paired of a minus b at iteration it (the runs share seeds), or None."""
-    at = [{runner.seed_of(d): r["val_loss"] for d in chosen_runs(v) for r in runner.run_log(d)
-           if r["iter"] == it and r.get("val_loss") is not None} for v in (a, b)]
-    return report.paired(*at)
+    c = report.curves(chosen_runs(v)).values()
+    return {it: [x[it] for x in c if it in x] for it in sorted(set().union(*c))}
 
 
 def gap(a, b, it):
@@ -111,9 +100,9 @@ def tables():
         lrs = candidates(v)
         if not lrs:
             continue
-        cells = " | ".join(f"{lr_name(lr)} | {report.cell(job(v, lr, SEEDS[0])[0])}" for lr in lrs)
+        cells = " | ".join(f"{lr_text(lr)} | {report.cell(job(v, lr, SEEDS[0])[0])}" for lr in lrs)
         c = chosen(v)
-        print(f"| {v} | {arms.size_cells('char', v)} | {cells} | {lr_name(c) if c else '-'} |")
+        print(f"| {v} | {arms.size_cells('char', v)} | {cells} | {lr_text(c) if c else '-'} |")
     print()
     heading(f"Long run: each variant at its chosen lr, 3 seeds, after {ITERS} iterations", "variant", "lr",
             *[f"seed {s}" for s in SEEDS], "mean ± sd", "at 400 iterations, its best lr there (sweep)", "below unigram")
@@ -124,7 +113,7 @@ def tables():
         dirs = [job(v, lr, s)[0] for s in SEEDS]
         m, sd, n = mean_sd([runner.final_val(d) for d in dirs if runner.finished(d)])
         short = mean_sd([runner.final_val(d) for d in arms.best_runs("char", v)])
-        print(f"| {v} | {lr_name(lr)} | " + " | ".join(report.cell(d) for d in dirs) +
+        print(f"| {v} | {lr_text(lr)} | " + " | ".join(report.cell(d) for d in dirs) +
               f" | {m:.3f} ± {sd:.3f} (n={n}) | {short[0]:.3f} ± {short[1]:.3f} (n={short[2]}) | {uni - m:.3f} |")
     print()
     done = [d for d, _ in phase_a() + phase_b() if runner.finished(d)]
@@ -133,7 +122,8 @@ def tables():
     heading("Long run: differences along the curves (row minus column, paired by seed: mean, 95% interval, p; "
             "negative = row better)", "row", "column", *[f"iter {it} ({it * MCHARS:.2f}M chars)" for it in AT])
     for a, b in GAPS:
-        print(f"| {a} | {b} | " + " | ".join(str(paired_gap(a, b, it) or "-") for it in AT) + " |")
+        diffs = report.gaps(chosen_runs(a), chosen_runs(b), AT).values()
+        print(f"| {a} | {b} | " + " | ".join(str(d or "-") for d in diffs) + " |")
     print()
     reach_table()
     report.depth_table(f"Long run: depth at inference after 400 and {ITERS} iterations (val CE, mean ± sd over the "
@@ -159,7 +149,7 @@ def draw(uni):
         c = curve(v)
         its = sorted(c)
         report.band(ax, [i * MCHARS for i in its], [c[i] for i in its], color=colors[arch], linestyle="-" if norm ==
-                    "post" else "--", label=f"{v} (lr {lr_name(chosen(v))}, {len(c[its[-1]])} seeds)")
+                    "post" else "--", label=f"{v} (lr {lr_text(chosen(v))}, {len(c[its[-1]])} seeds)")
     report.unigram_line(ax, uni)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(ScalarFormatter())

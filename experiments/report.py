@@ -126,6 +126,18 @@ def difference(summary, a, b):
     return ma - mb, math.sqrt(sa ** 2 / na + sb ** 2 / nb)
 
 
+def curves(dirs):
+    """{seed: {iteration: val CE}} of the finished runs among dirs."""
+    return {int(runner.seed_of(d)): {r["iter"]: r["val_loss"] for r in runner.run_log(d) if r.get("val_loss")}
+            for d in dirs if runner.finished(d)}
+
+
+def gaps(a, b, its):
+    """The runs a minus the runs b at each iteration of its, paired by seed: {iteration: Diff or None}."""
+    a, b = curves(a), curves(b)
+    return {i: paired({s: c[i] for s, c in a.items() if i in c}, {s: c[i] for s, c in b.items() if i in c}) for i in its}
+
+
 # --- tables -------------------------------------------------------------------------------------------------------
 
 def header(*cols):
@@ -300,6 +312,47 @@ def depth_table(title, first, rows):
             if any(c != "-" for c in cells):
                 print(f"| {name} | {what}' | " + " | ".join(cells) + " |")
     print()
+
+
+# --- is HRM's recurrence alive? alive.json beside the log (alive.py, crossover.py) -----------------------------------
+
+ALIVE = 0.05   # nats: both shared blocks off must cost at least this for a run to count as alive
+ALIVE_COLS = ("alpha_L / alpha_H", "blocks off: Fast, Slow, both", "H frozen")   # alive_cells' columns
+
+
+def alive_reading(out_dir, more=lambda model, batches: {}):
+    """The committed alive.json of a run, computed once from its last checkpoint (None: not read, no checkpoint): the
+    alphas, each shared block off and both, the Slow module frozen; then more(model, batches)'s readings."""
+    def compute(model, batches):
+        ce = analyze.val_ce(model, batches, "cpu")
+        with analyze.slow_module_frozen(model):
+            frozen = analyze.val_ce(model, batches, "cpu") - ce
+        return {"ce": ce, "h_frozen": frozen, **analyze.alive(model, batches, "cpu", ce), **more(model, batches)}
+    return reading(out_dir, "alive.json", compute, fields=(("off_both", (int, float)),))
+
+
+def ms(vals, fmt=".3f"):
+    """'mean ± sd' of the values (one value: itself; '-' where there are none, as a Slow block a model lacks)."""
+    if all(v is None for v in vals):
+        return "-"
+    m, sd, n = mean_sd(vals)
+    return f"{m:{fmt}}" + (f" ± {sd:.3f}" if n > 1 else "")
+
+
+def alive_cells(dirs, read=alive_reading):
+    """ALIVE_COLS' cells over the runs read (mean ± sd); '(off)' where a run's both-off cost is under ALIVE; the last
+    logged alphas where no run was read."""
+    rs = [r for r in map(read, dirs) if r]
+    if not rs:
+        a = [(r.get("alpha_L"), r.get("alpha_H")) for r in (runner.run_log(d)[-1] for d in dirs)]
+        cells = f"{ms([x for x, _ in a])} / {ms([y for _, y in a])}" if a and None not in a[0] else "-"
+        return cells + " | not read | -"
+    off = sum(r["off_both"] < ALIVE for r in rs)
+    return (f"{ms([r['alpha_L'] for r in rs])} / {ms([r['alpha_H'] for r in rs])} | "
+            f"{ms([r['off_L'] for r in rs], '+.3f')}, {ms([r['off_H'] for r in rs], '+.3f')}, "
+            f"{ms([r['off_both'] for r in rs], '+.3f')}" + ("" if not off else " (off)" if len(rs) == 1 else
+                                                  f" ({off} of {len(rs)} off)") +
+            f" | {ms([r['h_frozen'] for r in rs], '+.3f')}")
 
 
 # --- plots --------------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import sys
 import arms
 import report
 import runner
-from arms import CHAR, GRID, LRS, SEEDS, VARIANTS, best_lr, best_runs, command, lr_name, run_dir, settled, tried
+from arms import CHAR, GRID, LRS, SEEDS, VARIANTS, best_lr, best_runs, command, lr_text, run_dir, settled, tried
 from hrmlm import signals
 from hrmlm.common import UserError
 from report import heading, mean_sd
@@ -62,12 +62,12 @@ def run_everything(workers, testbeds):
 def lr_table(testbed, title):
     vs = VARIANTS[testbed]
     cols = [lr for lr in GRID if any(lr in tried(testbed, v) for v in vs)]
-    heading(title, "variant", "params", "MFLOPs/token", *[f"lr {lr_name(lr)}" for lr in cols], "best lr")
+    heading(title, "variant", "params", "MFLOPs/token", *[f"lr {lr_text(lr)}" for lr in cols], "best lr")
     for v in vs:
         best = best_lr(testbed, v)
         cells = [("**" + report.cell(d) + "**" if lr == best else report.cell(d)) if lr in tried(testbed, v) else "-"
                  for lr, d in ((lr, run_dir(testbed, v, lr, SEEDS[0])) for lr in cols)]
-        print("| " + " | ".join([v, arms.size_cells(testbed, v)] + cells + [lr_name(best) if best else "-"]) + " |")
+        print("| " + " | ".join([v, arms.size_cells(testbed, v)] + cells + [lr_text(best) if best else "-"]) + " |")
     print()
 
 
@@ -80,7 +80,7 @@ def seeds_table(testbed, title, uni):
             continue
         dirs = [run_dir(testbed, v, lr, s) for s in SEEDS]
         m, sd, n = mean_sd([runner.final_val(d) for d in dirs if runner.finished(d)])
-        print(f"| {v} | {arms.size_cells(testbed, v).split(' | ')[1]} | {lr_name(lr)} | " +
+        print(f"| {v} | {arms.size_cells(testbed, v).split(' | ')[1]} | {lr_text(lr)} | " +
               " | ".join(map(report.cell, dirs)) + f" | {m:.3f} ± {sd:.3f} (n={n}) | {uni - m:.3f} |")
     print()
 
@@ -126,13 +126,11 @@ def differences_table():
         w, pr = report.welch(list(va.values()), list(vb.values())), report.paired(va, vb)
         fa, fb = arms.size_of("char", a)[1], arms.size_of("char", b)[1]
         ratio = f"{fa / fb:.2f}x" if fa and fb else "-"
-        if pr is None and w is None:
-            print(f"| {a} | {b} | {what} | - | - | - | - | {ratio} |")
-            continue
-        cells = [f"[{d.lo:+.3f}, {d.hi:+.3f}], p = {report.p_text(d.p)}" if d else "-" for d in (w, pr)]
-        d = pr or w
-        verdict = "row better" if d.hi < 0 else "row worse" if d.lo > 0 else "the data cannot tell"
-        print(f"| {a} | {b} | {what} | {d.diff:+.3f} | {cells[0]} | {cells[1]} | {verdict} | {ratio} |")
+        d = pr or w   # None: too few runs
+        cells = [f"{d.diff:+.3f}" if d else "-"]
+        cells += [f"[{x.lo:+.3f}, {x.hi:+.3f}], p = {report.p_text(x.p)}" if x else "-" for x in (w, pr)]
+        cells += ["-" if not d else "row better" if d.hi < 0 else "row worse" if d.lo > 0 else "the data cannot tell"]
+        print(f"| {a} | {b} | {what} | " + " | ".join(cells) + f" | {ratio} |")
     print()
     chain = ["hrm-post", "hrm_fast_only-post", "unitf_d128-post", "transformer-post"]
     ds = [report.paired(seed_values("char", a), seed_values("char", b)) for a, b in zip(chain, chain[1:])]
@@ -153,7 +151,7 @@ def k_table():
     lr = best_lr("char", "hrm-post")
     if not lr:
         return
-    heading(f"K ablation: post-norm HRM, M = 4, lr {lr_name(lr)}, 3 seeds (clipping at grad_clip * K / M; difference "
+    heading(f"K ablation: post-norm HRM, M = 4, lr {lr_text(lr)}, 3 seeds (clipping at grad_clip * K / M; difference "
             "from K = 2 paired by seed, 95% interval)", "K", "MFLOPs/token", *[f"seed {s}" for s in SEEDS],
             "mean ± sd", "minus K = 2")
     dirs = {k: [run_dir("char", "hrm-post", lr, s, extra) for s in SEEDS] for k, extra in ((1, "-K1"), (2, ""), (4, "-K4"))}
@@ -235,7 +233,7 @@ def draw_curves(name, testbed, uni):
         logs = [runner.run_log(d) for d in best_runs(testbed, v)]
         if logs:
             report.band(ax, *report.seed_curve(logs), marker="o", markersize=2.5,
-                        label=f"{v} (lr {lr_name(best_lr(testbed, v))}, {len(logs)} seeds)", **style(v))
+                        label=f"{v} (lr {lr_text(best_lr(testbed, v))}, {len(logs)} seeds)", **style(v))
     report.unigram_line(ax, uni[testbed])
     ax.set_yscale("log")  # keeps iteration 0 (ln 80 = 4.38) on the chart beside the final values
     report.dress(ax, "iteration", "validation CE (log scale)",
