@@ -55,11 +55,6 @@ def curve(v):
     return {it: [x[it] for x in c if it in x] for it in sorted(set().union(*c))}
 
 
-def gap(a, b, it):
-    """(a minus b, its standard error) of the seed means at iteration it, or None."""
-    return report.difference({v: mean_sd(curve(v).get(it, [])) for v in (a, b)}, a, b)
-
-
 def reading_jobs():
     """The READ variants' finished chosen runs whose checkpoint readings are not committed yet: trained again."""
     return [(d, cmd) for v in READ if chosen(v) for d, cmd in (job(v, chosen(v), s) for s in SEEDS)
@@ -159,7 +154,8 @@ def draw(uni):
                  f"Character testbed, {ITERS} iterations (band: seed min-max)")
     for k, (a, b) in enumerate(GAPS[:3]):
         its = sorted(set(curve(a)) & set(curve(b)) - {0})   # iteration 0 is the untrained models' init CE
-        pts = [(i * MCHARS, gap(a, b, i)) for i in its]
+        # (a minus b, its standard error) of the seed means at each iteration, or None
+        pts = [(i * MCHARS, report.difference({v: mean_sd(curve(v).get(i, [])) for v in (a, b)}, a, b)) for i in its]
         pts = [(t, d) for t, d in pts if d]
         if pts:
             t, d = zip(*pts)
