@@ -418,7 +418,7 @@ def test_a_failed_write_leaves_the_previous_result_whole(world, tmp_path, monkey
         raise OSError(errno.ENOSPC, "No space left on device") if fault == "full" else KeyboardInterrupt
     monkeypatch.setattr(os, "fsync", failing)
     if writer == "bench":   # its worker's result, as printed (a worker's seconds are not what this is about)
-        row = dict(step_ms=1.0, floor_ms=0.5, steps=1, clock="CPU", profiled_ms=1.0, ops=1, mm_ms=0.5, mm_floor_ms=0.5,
+        row = dict(step_ms=1.0, floor_ms=0.5, steps=1, clock="CPU", profiled_ms=1.0, ops=1, mm_ms=0.5,
                    top=[])
         monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, json.dumps(row)))
     p = in_process(script, *[a.format(**world[0], dest=dest) for a in args])
@@ -459,10 +459,11 @@ def test_bench_worker_ends_with_its_killed_parent(tmp_path):
 
 def test_device_check_without_a_gpu_stops_at_once(tmp_path):
     """tools/device_check.sh without DRY_RUN where torch sees no GPU: one line after its first step, exit status 1,
-    and no other step (it once built the 1.2B model on the CPU)."""
+    and no other step (it once built the 1.2B model on the CPU). Its first line is its own estimate at the paper's
+    size, the sum of its steps' timeouts: under 6 minutes (issue 66)."""
     log = tmp_path / "dc.log"
     env = {**{k: v for k, v in ENV.items() if k != "DRY_RUN"}, "CUDA_VISIBLE_DEVICES": "", "LOG": str(log),
-           "OUT": str(tmp_path / "out")}
+           "OUT": str(tmp_path / "out"), "BENCH_STEPS": "1"}
     p = subprocess.Popen(["bash", os.path.join(ROOT, "tools", "device_check.sh")], cwd=ROOT, env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -474,3 +475,5 @@ def test_device_check_without_a_gpu_stops_at_once(tmp_path):
         f"device_check.sh: error: torch cannot use a GPU on this machine (see {log}); run it on the GPU machine, or "
         f"DRY_RUN=1 for the same steps at toy sizes on the CPU"], err
     assert log.read_text().count("## ") == 1 and not os.path.exists(tmp_path / "out")
+    estimate = re.match(r"# device_check.sh: 8 steps; their timeouts sum to (\d+) s", log.read_text())
+    assert estimate and int(estimate[1]) < 360, log.read_text()

@@ -2,6 +2,7 @@
 part and dtype, bench.py's timing and memory calls aimed at the device asked for, not device 0, the loud line
 where a GPU is present but torch cannot use it, and each torchrun process's GPU."""
 
+import re
 import subprocess
 import sys
 
@@ -85,25 +86,32 @@ def test_each_torchrun_process_takes_its_gpu(monkeypatch, visible, local_rank, d
     assert got["device_id"] == torch.device(device) and got["timeout"].total_seconds() == 1800
 
 
+@pytest.mark.timeout(420)   # about 80 s on a 2-core CPU (decode: 90 s more)
 @pytest.mark.parametrize("bench", ["0", pytest.param("1", marks=pytest.mark.slow)])
 def test_device_check_dry_run_passes(tmp_path, bench):
     """tools/device_check.sh, the GPU checks in one go, run end to end at toy sizes on the CPU (DRY_RUN=1): every
-    step passes and lands in its one log, so the day a GPU is lent the script runs as written. CI skips its two
-    bench.py steps (BENCH_STEPS=0; 40 s), whose commands tests/test_bench.py runs at the same toy sizes."""
+    step passes and lands in its one log, so the day a GPU is lent the script runs as written: eager and compiled
+    training compared (their losses equal here, float32 on the CPU), DDP and FSDP side by side and both resumed, the
+    training profile split into its parts. CI skips the bench.py decode step (BENCH_STEPS=0; 90 s), whose command
+    tests/test_bench.py runs at the same toy sizes."""
     import os
     import subprocess
     from conftest import ENV, ROOT
     log = tmp_path / "dc.log"
     p = subprocess.run(["bash", os.path.join(ROOT, "tools", "device_check.sh")], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600, env=dict(ENV, DRY_RUN="1", BENCH_STEPS=bench, LOG=str(log), OUT=str(tmp_path / "out")))
+                       timeout=400, env=dict(ENV, DRY_RUN="1", BENCH_STEPS=bench, LOG=str(log), OUT=str(tmp_path / "out")))
     text = log.read_text()
     assert p.returncode == 0 and "device check: every step passed" in p.stdout, text[-3000:]
-    for step in ("## environment", "## one GPU: 2 iterations", "## plan.py's count for one GPU", "## sampling",
-                 "## FSDP on 1 rank", "## FSDP resumed from ckpt_last.dcp") + (
-            ("## bench.py's table", "## CUDA-graph decode against the weight-streaming floor") if bench == "1" else
-            ("## bench.py's steps: skipped",)):
+    for step in ("## env:", "## eager: 2 iterations", "## compiled: 3 iterations", "## compare:", "## dist:",
+                 "## resume:", "## profile:") + (("## decode: the CUDA-graph",) if bench == "1" else
+                                                  ("## decode: skipped",)):
         assert step in text, step
-    assert text.count("-- exit 0,") == text.count("-- exit ") and "done: 3 iterations" in text
+    assert text.count("-- exit 0,") == text.count("-- exit ") == 7 + (bench == "1")
+    worst = re.search(r"losses of iterations 1-2: largest relative difference (\S+),", text)
+    assert worst and float(worst[1]) < 1e-4, text[-3000:]   # float32 on the CPU: far inside bf16's 2^-7
+    assert text.count("done: 4 iterations") == 2 and "# ddp:" in text and "# fsdp:" in text   # both resumed
+    assert re.search(r"a step takes [\d.]+ ms of CPU time: matrix products [\d.]+ ms .*, attention .*, optimizer "
+                     r".*, the rest", text)
 
 
 # --- the meta-device build (parallel.build_on_device): today's initial weights, bit for bit --------------------

@@ -260,11 +260,9 @@ def main(argv=None):
     if args.json:   # a missing folder would lose the results at the very end
         check_output_path(args.json, "--json")
     table = policies or factors   # the row analyses of a recurrence: a table, and the rows as --json
-    if table:
-        model, ck = load(args.out_dir, args.ckpt, args.device, ("hrm", "unitf"), "cache policies are a recurrence's"
-                         if policies else "depth at inference needs a recurrent model, HRM or UniTF")
-    else:
-        model, ck = load(args.out_dir, args.ckpt, args.device)
+    recurrent = ("hrm", "unitf"), ("cache policies are a recurrence's" if policies else
+                                   "depth at inference needs a recurrent model, HRM or UniTF")
+    model, ck = load(args.out_dir, args.ckpt, args.device, *(recurrent if table else ()))
     for kv in policies or []:
         try:
             engine.cache_slots(model, kv)

@@ -170,8 +170,7 @@ def import_back(src, to):
             return load(os.path.join(src, name))
         except (OSError, ValueError, SafetensorError) as e:   # missing, unreadable, not JSON, truncated
             raise UserError(f"cannot read {os.path.join(src, name)}: {reason(e)}") from None
-    config = read("config.json", lambda p: json.loads(Path(p).read_text()))
-    info = read("hrmlm.json", lambda p: json.loads(Path(p).read_text()))
+    config, info = (read(name, lambda p: json.loads(Path(p).read_text())) for name in ("config.json", "hrmlm.json"))
     kind = config.get("model_type") if isinstance(config, dict) else None
     if kind != "hrmlm":   # another model's folder (transformers' config.json names its type)
         raise UserError(f"{src}/config.json is not an HRM-LM model's (model_type {kind!r}, not 'hrmlm')")

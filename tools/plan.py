@@ -48,7 +48,6 @@ from model import MODEL_FIELDS, ModelConfig, build_model  # noqa: E402
 GB = 1e9
 
 
-
 def read_settings(path):
     """A script's settings, read from its source without running it: {name: (default, comment)} for each
     `name = <literal>  # comment` of its settings block, in order."""
@@ -302,8 +301,7 @@ def main(argv=None):
     ap.add_argument("--markdown", default=None, help="comma-separated GPU sizes in GB (e.g. 80,96): one table row "
                     "per config instead (README's 'Will it fit?')")
     args, overrides = ap.parse_known_args(argv)
-    bad = [o for o in overrides if not o.startswith("--")]
-    if bad:
+    if bad := [o for o in overrides if not o.startswith("--")]:
         raise UserError(f"unexpected arguments {bad}")
     if args.world_size < 1 or not 0 < args.gpu_mem_gb < math.inf or not 0 <= args.reserve_gb < math.inf:
         raise UserError("--world_size >= 1, --gpu_mem_gb > 0 and --reserve_gb >= 0, each finite")

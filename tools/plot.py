@@ -73,9 +73,8 @@ def main(argv=None):
     check_output_path(out, "--out")   # before the work, not after it
     kinds, ext = FigureCanvasBase.get_supported_filetypes(), os.path.splitext(out)[1].lower().lstrip(".")
     if ext not in kinds:
-        raise UserError(f"--out {out!r}: matplotlib cannot write "
-                        f"{'.' + ext if ext else 'a file without an extension'}; use one of "
-                        f"{', '.join('.' + k for k in sorted(kinds))}")
+        raise UserError(f"--out {out!r}: matplotlib cannot write {'.' + ext if ext else 'a file without an extension'}"
+                        f"; use one of {', '.join('.' + k for k in sorted(kinds))}")
     curves = [[(r["iter"], r[args.metric]) for r in load_log(run) if finite(r.get(args.metric))] for run in args.runs]
     for run, points in zip(args.runs, curves):
         if not points:
