@@ -89,7 +89,7 @@ PRESETS = {   # the paper's setting (hrm_nt36 at d=2048); training at batch 1 (a
     "paper": dict(d=4096, n_head=16, seq=1024, vocab=V, dtype="bfloat16", reps=20, gen_reps=5, train_reps=5),
     # cpu: minutes on 2 cores; the vocabulary scales with d (50257 * 256/4096 = 3141) so that the tied output
     # layer weighs what it does at the paper's size (0.77 of a block) instead of 12 blocks. tiny: seconds, for tests
-    "cpu": dict(d=256, n_head=4, seq=256, vocab=V * 256 // 4096, dtype="float32", reps=3, gen_reps=2, train_reps=2),
+    "cpu": dict(d=256, n_head=4, seq=256, vocab=V * 256 // 4096, dtype="float32", reps=3, gen_reps=5, train_reps=2),
     "tiny": dict(d=64, n_head=4, seq=64, vocab=V * 64 // 4096, dtype="float32", reps=1, gen_reps=1, train_reps=1),
 }
 PROMPT, GEN = 64, 128
@@ -160,22 +160,26 @@ def measure_inference(model, cfg, p, device, dtype, g, spec):
     x = torch.randint(0, cfg.vocab_size, (1, p["seq"]), generator=g).to(device)
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=g).to(device)
     ws, products = floor_products(model, prompt, device, dtype, g)
-    floor = timed(products, device, 20)
     if spec.get("compile"):  # every forward below compiled, recompute and cached alike; warm-ups compile
         model.forward = torch.compile(model.forward, dynamic=True)
     with torch.no_grad():
         out = {"kv": kv, "latency_ms": timed(lambda: model(x), device, p["reps"]) * 1000}
     if device.startswith("cuda"):
         out["peak_mem_mb"] = peak_mb(device)
-    for use_cache, key in ((False, "gen_tok_s_recompute"), (True, "gen_tok_s_cached")):
-        def gen(n=GEN):
-            return engine.generate(model, prompt, n, temperature=0, use_cache=use_cache, kv=kv if use_cache else "full")
-        out[key] = GEN / timed(gen, device, p["gen_reps"], warmup=lambda: gen(8))
+
+    def gen(use_cache, n=GEN):
+        return engine.generate(model, prompt, n, temperature=0, use_cache=use_cache, kv=kv if use_cache else "full")
+    gen(False, 8), gen(True, 8)   # warm-ups (compiling, where compiled)
+    rounds = [[timed(products, device, 5)] + [timed(lambda: gen(c), device, 1, lambda: None) for c in (False, True)]
+              for _ in range(p["gen_reps"])]   # interleaved: the floor and both generations of the same minutes
+    floor, recompute, cached = (statistics.median(r[i] for r in rounds) for i in range(3))
+    out.update(gen_tok_s_recompute=GEN / recompute, gen_tok_s_cached=GEN / cached, rounds=[
+        {"floor_ms": f * 1e3, "gen_speedup": r / c, "gen_speedup_bound": r / GEN / f} for f, r, c in rounds])
     before = current_mb(device)   # on CUDA what the cache allocates; on the CPU (RSS is too coarse) its bytes
     cache = engine.new_cache(model, 1, max_len=PROMPT + GEN, dtype=dtype, kv=kv)
     return {**out, "gen_speedup": out["gen_tok_s_cached"] / out["gen_tok_s_recompute"],
             "decode_matvec_ms": floor * 1000, "decode_weight_mb": sum(w.numel() * w.element_size() for w in ws) / 2**20,
-            "gen_speedup_bound": (1 / out["gen_tok_s_recompute"]) / floor,
+            "gen_speedup_bound": (recompute / GEN) / floor,
             "kv_cache_mb": current_mb(device) - before if device.startswith("cuda") else cache.nbytes() / 2**20,
             "kv_cache_formula_mb": engine.kv_cache_bytes(model, PROMPT + GEN, dtype=dtype, kv=kv) / 2**20}
 
@@ -210,7 +214,6 @@ def profile_decoding(model, cfg, p, device, dtype, g, spec, n_prof=32):
     return {"cache": type(cache).__name__, "step_ms": statistics.median(steps) * 1e3,
             "floor_ms": statistics.median(floors) * 1e3, "clock": clock, "steps": len(steps), "profiled_ms": ms(ev),
             "mm_ms": ms(mms), "mm_calls": sum(e.count for e in mms) / n_prof, "ops": sum(e.count for e in ev) / n_prof,
-            "mm_floor_ms": timed(products, device, 20) * 1e3,
             "top": [(e.key, t(e) / n_prof / 1e3, e.count / n_prof) for e in sorted(ev, key=lambda e: -t(e))[:8]]}
 
 
@@ -239,8 +242,8 @@ def show_profile(name, r):
           f"{r['steps']} alternating timings): {r['floor_ms'] / r['step_ms']:.0%} of the bound")
     unit = "kernels" if r["clock"] == "GPU" else "ops"
     print(f"  profiled, per token: {r['profiled_ms']:.2f} ms of {r['clock']} time in {r['ops']:.0f} {unit}; matrix "
-          f"products {r['mm_ms']:.2f} ms ({r['mm_ms'] / r['profiled_ms']:.0%}), the same products back to back "
-          f"{r['mm_floor_ms']:.2f} ms; the rest {r['profiled_ms'] - r['mm_ms']:.2f} ms")
+          f"products {r['mm_ms']:.2f} ms ({r['mm_ms'] / r['profiled_ms']:.0%}), the same products alone "
+          f"{r['floor_ms']:.2f} ms; the rest {r['profiled_ms'] - r['mm_ms']:.2f} ms")
     for key, ms, calls in r["top"]:
         print(f"  {ms:7.3f} ms {calls:6.1f} calls  {key[:70]}")
 
@@ -412,23 +415,26 @@ def main(argv=None):
 def show_table(results, seconds):
     ref = next((r for r in results if r["model"] == "tf_l4"), None)
     cols = ["model", "params", "latency ms", "x T-L4", "peak MB", "gen tok/s (recompute)", "x T-L4",
-            "gen tok/s (cached)", "cached/recompute", "bound", "KV cache MB", "train ms/iter", "train tok/s",
-            "train peak MB", "train iter MB", "MFU", "MFU (paper FLOP model)"]
+            "gen tok/s (cached)", "cached/recompute (min-max)", "bound (min-max)", "% of bound", "KV cache MB",
+            "train ms/iter", "train tok/s", "train peak MB", "train iter MB", "MFU", "MFU (paper FLOP model)"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in results:
         lat_x = f"{r['latency_ms'] / ref['latency_ms']:.2f}" if ref else "-"
         gen_x = f"{r['gen_tok_s_recompute'] / ref['gen_tok_s_recompute']:.2f}" if ref else "-"
         mfu = f"{r['mfu']:.1%}" + (f" ({r['mfu_datasheet']:.1%} of datasheet)" if r["mfu_datasheet"] else "")
-        print(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['latency_ms']:.1f} | {lat_x} | "
-              f"{r['peak_mem_mb']:.0f} | {r['gen_tok_s_recompute']:.1f} | {gen_x} | "
-              f"{r['gen_tok_s_cached']:.1f} | {r['gen_speedup']:.1f}x | {r['gen_speedup_bound']:.1f}x | "
+        span = {k: "-".join(f"{f(x[k] for x in r['rounds']):.1f}" for f in (min, max)) for k in r["rounds"][0]}
+        print(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['latency_ms']:.1f} | {lat_x} | {r['peak_mem_mb']:.0f} | "
+              f"{r['gen_tok_s_recompute']:.1f} | {gen_x} | {r['gen_tok_s_cached']:.1f} | {r['gen_speedup']:.1f}x "
+              f"({span['gen_speedup']}) | {r['gen_speedup_bound']:.1f}x ({span['gen_speedup_bound']}) | "
+              f"{r['gen_speedup'] / r['gen_speedup_bound']:.0%} | "
               f"{r['kv_cache_mb']:.2f} | {r['train_ms_iter']:.1f} | {r['train_tok_s']:.0f} | "
               f"{r['train_peak_mem_mb']:.0f} | {r['train_iter_mem_mb']:.1f} | {mfu} | {r['mfu_paper_model']:.1%} |")
     print(f"\n{len(results)} models in {seconds:.0f} s. On the CPU, peak MB is the peak resident memory of "
           f"a fresh process (Python and torch included) and train iter MB what one training iteration adds at its "
           f"peak; KV cache for prompt {PROMPT} + {GEN} generated tokens. bound: what cached/recompute would be if "
-          f"a cached token cost only its weight matrix-vector products (timed alone, in this run).")
+          f"a cached token cost only its weight matrix-vector products (timed alone, in this run); both: medians of "
+          f"{len(results[0]['rounds'])} interleaved rounds of the floor and the two generations, min-max beside them.")
     off = [r["model"] for r in results if abs(r["kv_cache_mb"] - r["kv_cache_formula_mb"]) > 1e-3 * r["kv_cache_mb"]]
     same = "equal docs/MODEL.md section 5's formula 2 * applications * n * d * bytes for every model"
     print("KV cache sizes " + (f"DIFFER from docs/MODEL.md section 5's formula for {off}" if off else same))

@@ -179,7 +179,7 @@ def test_bench_profile_breaks_a_cached_token_down():
     applications: input block, 4 Fast steps, 2 Slow firings) plus the fusion's 2 and the tied head."""
     from bench import show_profile, worker
     r = worker("profile", {"model": "hrm_nt4", "preset": "tiny", "device": "cpu", "kv": "last"})
-    assert r["steps"] == 120 and r["step_ms"] > 0 and r["floor_ms"] > 0 and r["mm_floor_ms"] > 0
+    assert r["steps"] == 120 and r["step_ms"] > 0 and r["floor_ms"] > 0
     assert 0 < r["mm_ms"] < r["profiled_ms"]
     assert r["mm_calls"] == 7 * 5 + 6 * 3 + 2 + 1
     show_profile("hrm_nt4", r)   # prints without error

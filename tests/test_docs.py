@@ -295,8 +295,8 @@ def test_the_root_holds_six_scripts_and_hrmlm_imports_have_no_circle():
 def test_size_aims_that_hold():
     """DEVELOPERS' size aims: model.py <= 450 lines, train.py <= 360, the root's Python plus the package <= 3,000,
     tools/ <= 1,200, README <= 15 KB. experiments/' aim, 2,400, is not met (issue 63: 3,037 cut to 2,536 in three
-    layers, every table the same; then issue 64's crossover study, 279): a ratchet at 2,815 keeps it from growing
-    back unnoticed."""
+    layers, every table the same; then issue 64's crossover study, 279, and a later cut to 2,785; then issue 65's
+    decoding.py, 198, and issue 66's vs_nanogpt.py, 117): a ratchet at 3,100 keeps it from growing unnoticed."""
     def count(*paths):
         return sum(sum(1 for _ in open(os.path.join(ROOT, f))) for f in paths)
     assert count("model.py") <= 450 and count("train.py") <= 360, (count("model.py"), count("train.py"))
@@ -304,7 +304,7 @@ def test_size_aims_that_hold():
     core = [f for f in py if "/" not in f or f.startswith("hrmlm/")]
     assert count(*core) <= 3_000, count(*core)
     assert count(*[f for f in py if f.startswith("tools/")]) <= 1_200
-    assert count(*[f for f in py if f.startswith("experiments/")]) <= 2_815
+    assert count(*[f for f in py if f.startswith("experiments/")]) <= 3_100
     assert os.path.getsize(os.path.join(ROOT, "README.md")) <= 15_000
 
 
@@ -339,9 +339,9 @@ def test_readme_test_count_is_what_pytest_collects():
 def test_the_learners_path_stays_short():
     """tools/learner_path.py's measure: the project lines a tiny training run touches, model.py included, in at most 6
     files, and a sampled text's. Issue 63's aims are 1,100 and 700; counted with decorated functions (estimate_loss,
-    atomic_write, engine.stream), which the issue's first measure skipped, they are 1,115 and 895 today: ratchets
-    there keep them from growing back unnoticed (model.py alone is 350 and 346 of them)."""
+    atomic_write, engine.stream), which the issue's first measure skipped, they are 1,114 and 894 today: ratchets
+    there keep them from growing back unnoticed (model.py alone is 349 and 345 of them)."""
     from tools.learner_path import measure
     got = measure()
-    assert got["train"]["lines"] <= 1_115 and got["train"]["files"] <= 6, got["train"]
-    assert got["sample"]["lines"] <= 895, got["sample"]
+    assert got["train"]["lines"] <= 1_114 and got["train"]["files"] <= 6, got["train"]
+    assert got["sample"]["lines"] <= 894, got["sample"]

@@ -89,6 +89,15 @@ def test_every_results_table_is_printed_from_the_committed_logs(checkout, printe
     assert not missing, "tables the scripts print that docs/RESULTS.md lacks:\n\n" + "\n\n".join(missing)
 
 
+def test_benchmarks_decoding_tables_are_printed_from_the_committed_measurements(checkout):
+    """docs/BENCHMARKS.md's speculative and cache-warming tables are experiments/decoding.py --tables' output, from
+    experiments/logs/decoding/*.json (timings are not rerun in CI: the committed measurement is the figure)."""
+    out = md_tables(tables_of(checkout, "decoding.py")[0])
+    with open(os.path.join(checkout, "docs", "BENCHMARKS.md")) as f:
+        page = md_tables(f.read())
+    assert len(out) == 2 and all(t in page for t in out), out
+
+
 def test_every_signed_difference_in_results_is_printed(printed):
     """The verdicts quote differences (+0.123); each must be a number the scripts printed."""
     with open(os.path.join(ROOT, "docs", "RESULTS.md")) as f:
