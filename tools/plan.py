@@ -257,7 +257,7 @@ def report(path, settings, world_size, gpu_gb, reserve_gb):
           f"weight, drawn on the CPU)")
     print("  (state: weights, grads, AdamW; activ.: saved for backward, logits the part of it that is logits; casts: "
           "autocast's bf16 weight copies; peak: the most the iteration holds at once beyond state, activations "
-          "included; total = state + peak + reserved)")
+          "included; total = state + peak + reserved. It predicts allocated memory: torch.cuda.max_memory_allocated)")
     for mode in ("ddp", "fsdp"):
         best, per_gpu = largest_fit(settings, world_size, gpu, reserve, mode == "fsdp", rows)
         if best is None:
