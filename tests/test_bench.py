@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -129,6 +130,11 @@ def test_bench_tiny_end_to_end(tmp_path):
             assert r[key] > 0, (key, r)
         assert r["kv_cache_mb"] == pytest.approx(r["kv_cache_formula_mb"])
         assert r["decode_matvec_ms"] > 0 and r["gen_speedup_bound"] > 0 and r["compiled"] is False
+        # the tiny preset's one round of floor and generations: the medians are that round's
+        (one,) = r["rounds"]
+        assert one["gen_speedup_bound"] == pytest.approx(r["gen_speedup_bound"])
+        assert one["gen_speedup"] == pytest.approx(r["gen_speedup"]) and one["floor_ms"] == r["decode_matvec_ms"]
+    assert re.search(r"\| hrm_nt12 \|.* [\d.]+x \([\d.]+-[\d.]+\) \| [\d.]+x \([\d.]+-[\d.]+\) \| \d+% \|", p.stdout)
     hrm = rows[0]
     # the floor reads each weight once per block application: HRM NT=12 at d=64 reads L_net's 12 times
     d, V = 64, 50257 * 64 // 4096
